@@ -1,0 +1,140 @@
+"""DreamerV3's losses (SPEC §2–3), as functions of a :class:`DreamerV3Model` and a batch.
+
+`hp` is any object with the hyperparameter attributes of
+:class:`~rllib_dreamerv3.config.DreamerV3Config` (`free_bits`, `pred_loss_scale`, ...).
+Batches are batch-major `[B, T, ...]`; everything inside is time-major `[T, B, ...]`.
+"""
+
+import tensorflow as tf
+
+from rllib_dreamerv3 import math_ops
+
+sg = tf.stop_gradient
+
+
+def _time_major(x):
+    return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
+
+
+def world_model_loss(model, batch, seeds, hp):
+    """`L = pred_scale * L_pred + dyn_scale * L_dyn + rep_scale * L_rep`, averaged over B and T.
+
+    Args:
+        batch: dict with `obs [B, T, ...]`, `actions [B, T, A]` (the action taken at each step;
+            one-hot if discrete), `rewards [B, T]` (received on arrival at each step),
+            `is_first [B, T]`, `is_terminal [B, T]`.
+        seeds: `[T, 2]` int32 stateless seeds for the posterior samples.
+
+    Returns:
+        `(loss, metrics, (h, z))` with the posterior states `[T, B, ...]`.
+    """
+    wm = model.world_model
+    obs = _time_major(tf.cast(batch["obs"], tf.float32))
+    actions = _time_major(batch["actions"])
+    rewards = _time_major(batch["rewards"])
+    is_first = _time_major(batch["is_first"])
+    cont = 1.0 - _time_major(tf.cast(batch["is_terminal"], tf.float32))
+    num_steps, batch_size = obs.shape[0], obs.shape[1]
+
+    embed = tf.reshape(wm.encoder(tf.reshape(obs, [num_steps * batch_size, -1])),
+                       [num_steps, batch_size, -1])
+    prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
+    h, z, post, prior = wm.observe(embed, prev_actions, is_first, seeds)
+    feat = tf.concat([h, z], -1)
+
+    decoder_loss = wm.decoder.loss(feat, obs)
+    reward_loss = math_ops.two_hot_loss(wm.reward_head(feat), rewards, wm.bins)
+    continue_loss = tf.nn.sigmoid_cross_entropy_with_logits(cont, wm.continue_logit(feat))
+    pred_loss = decoder_loss + reward_loss + continue_loss
+
+    post_probs, prior_probs = wm.probs(post), wm.probs(prior)
+    kl_dyn = math_ops.categorical_kl(sg(post_probs), prior_probs)
+    kl_rep = math_ops.categorical_kl(post_probs, sg(prior_probs))
+    dyn_loss = math_ops.free_bits(kl_dyn, hp.free_bits)
+    rep_loss = math_ops.free_bits(kl_rep, hp.free_bits)
+    loss = tf.reduce_mean(hp.pred_loss_scale * pred_loss + hp.dyn_loss_scale * dyn_loss
+                          + hp.rep_loss_scale * rep_loss)
+    metrics = {
+        "L_world_model": loss,
+        "L_pred": tf.reduce_mean(pred_loss),
+        "L_decoder": tf.reduce_mean(decoder_loss),
+        "L_reward": tf.reduce_mean(reward_loss),
+        "L_continue": tf.reduce_mean(continue_loss),
+        "L_dyn": tf.reduce_mean(dyn_loss),
+        "L_rep": tf.reduce_mean(rep_loss),
+        "kl_dyn_before_free_bits": tf.reduce_mean(kl_dyn),
+        "kl_rep_before_free_bits": tf.reduce_mean(kl_rep),
+        "prior_entropy": tf.reduce_mean(math_ops.categorical_entropy(prior_probs, [-2, -1])),
+        "posterior_entropy": tf.reduce_mean(math_ops.categorical_entropy(post_probs, [-2, -1])),
+    }
+    return loss, metrics, (h, z)
+
+
+def imagine(model, h, z, horizon, seeds):
+    """Roll the actor through the world model for `horizon` steps from start states `[N, ...]`.
+
+    Returns features `[H + 1, N, F]` (index 0: start states) and actions `[H, N, A]`. Discrete
+    actions are fed to the dynamics without gradient (REINFORCE needs none); continuous actions
+    keep their reparameterised gradient so returns can be backpropagated into the actor.
+    """
+    wm, actor = model.world_model, model.actor
+    feats, actions = [tf.concat([h, z], -1)], []
+    for t in range(horizon):
+        action = actor.sample(actor.dist(feats[-1]), seeds[2 * t])
+        if actor.discrete:
+            action = sg(action)
+        h, z = wm.imagine_step(h, z, action, seeds[2 * t + 1])
+        feats.append(tf.concat([h, z], -1))
+        actions.append(action)
+    return tf.stack(feats, 0), tf.stack(actions, 0)
+
+
+def actor_critic_losses(model, feat, actions, start_cont, hp):
+    """Critic and actor losses on an imagined trajectory, and the new return scale.
+
+    Args:
+        feat: `[H + 1, N, F]`, actions: `[H, N, A]` from :func:`imagine`.
+        start_cont: `[N]` real `1 - is_terminal` of the start states.
+
+    Returns:
+        `(actor_loss, critic_loss, new_return_scale, metrics)`. The critic loss depends only on the
+        critic's variables; the actor loss is meant to update only the actor's variables.
+    """
+    wm, actor, critic = model.world_model, model.actor, model.critic
+    reward = wm.reward(feat)
+    cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)  # mode of the continue head
+    cont = tf.concat([start_cont[None], cont[1:]], 0)
+    value = critic.value(feat)
+    returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
+    weights = math_ops.trajectory_weights(cont, hp.gamma)
+
+    critic_logits = critic(sg(feat[:-1]))
+    ema_value = model.critic_ema.value(sg(feat[:-1]))
+    critic_target_loss = math_ops.two_hot_loss(critic_logits, sg(returns), critic.bins)
+    critic_reg_loss = math_ops.two_hot_loss(critic_logits, sg(ema_value), critic.bins)
+    critic_loss = tf.reduce_mean(
+        weights * (critic_target_loss + hp.critic_ema_regularizer * critic_reg_loss))
+
+    scale = math_ops.return_scale_update(model.return_scale, sg(returns),
+                                         hp.return_normalization_decay)
+    adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
+    policy_feat = sg(feat[:-1]) if actor.discrete else feat[:-1]
+    dist = actor.dist(policy_feat)
+    entropy = actor.entropy(dist)
+    if actor.discrete:
+        objective = sg(adv) * actor.log_prob(dist, actions)
+    else:
+        objective = adv
+    actor_loss = tf.reduce_mean(weights * (-objective - hp.entropy_scale * entropy))
+    metrics = {
+        "L_actor": actor_loss,
+        "L_critic": critic_loss,
+        "actor_entropy": tf.reduce_mean(entropy),
+        "return_scale": scale,
+        "critic_value_mean": tf.reduce_mean(value),
+        "imagined_return_mean": tf.reduce_mean(returns),
+        "imagined_reward_mean": tf.reduce_mean(reward[1:]),
+        "imagined_continue_mean": tf.reduce_mean(cont[1:]),
+        "advantage_mean": tf.reduce_mean(adv),
+    }
+    return actor_loss, critic_loss, scale, metrics

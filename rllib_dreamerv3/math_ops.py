@@ -1,0 +1,148 @@
+"""Pure math of DreamerV3 (SPEC §1–3): every function is stateless and framework-light.
+
+All functions take and return `tf.Tensor`s (numpy arrays are accepted too) and are safe to use
+inside `tf.function` / XLA. Shapes are given as `[...]` for arbitrary leading dimensions.
+"""
+
+import math
+
+import tensorflow as tf
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def symlog(x):
+    """`sign(x) * log(|x| + 1)`: squashes large magnitudes, identity-like near zero."""
+    return tf.sign(x) * tf.math.log1p(tf.abs(x))
+
+
+def symexp(y):
+    """Inverse of :func:`symlog`: `sign(y) * (exp(|y|) - 1)`."""
+    return tf.sign(y) * tf.math.expm1(tf.abs(y))
+
+
+def two_hot_bins(num_bins=255, low=-20.0, high=20.0):
+    """Bin centres, evenly spaced on `[low, high]` in symlog space: `[num_bins]` float32."""
+    return tf.linspace(tf.constant(low, tf.float32), tf.constant(high, tf.float32), num_bins)
+
+
+def two_hot(y, bins):
+    """Encode `y` ([...], already in bin space) as weights on its two nearest bins: [..., num_bins].
+
+    Weights are proportional to closeness; a value exactly on a bin is one-hot; values outside
+    the bins' range clip to the end bins.
+    """
+    y = tf.convert_to_tensor(y, tf.float32)
+    num_bins = bins.shape[0]
+    y = tf.clip_by_value(y, bins[0], bins[-1])
+    # Index of the last bin <= y, kept one below the top so that `above` stays a valid index.
+    below = tf.clip_by_value(
+        tf.searchsorted(bins, tf.reshape(y, [-1]), side="right") - 1, 0, num_bins - 2
+    )
+    below = tf.reshape(below, tf.shape(y))
+    above = below + 1
+    low, high = tf.gather(bins, below), tf.gather(bins, above)
+    weight_above = (y - low) / (high - low)
+    return (tf.one_hot(below, num_bins) * (1.0 - weight_above)[..., None]
+            + tf.one_hot(above, num_bins) * weight_above[..., None])
+
+
+def two_hot_mean(logits, bins):
+    """Real-space prediction of a two-hot head: `symexp(sum(softmax(logits) * bins))`, [...]."""
+    return symexp(tf.reduce_sum(tf.nn.softmax(logits) * bins, axis=-1))
+
+
+def two_hot_loss(logits, target, bins):
+    """Cross-entropy of a two-hot head towards a real-space `target` (symlog'ed here), [...]."""
+    labels = two_hot(symlog(target), bins)
+    return -tf.reduce_sum(labels * tf.nn.log_softmax(logits), axis=-1)
+
+
+def unimix_probs(logits, unimix=0.01):
+    """`(1 - unimix) * softmax(logits) + unimix / num_classes` over the last axis."""
+    num_classes = logits.shape[-1]
+    return (1.0 - unimix) * tf.nn.softmax(logits) + unimix / num_classes
+
+
+def straight_through(sample, probs):
+    """One-hot `sample` in the forward pass, gradients of `probs` in the backward pass."""
+    return sample + probs - tf.stop_gradient(probs)
+
+
+def categorical_entropy(probs, axis=-1):
+    """Entropy of categoricals given by `probs`, summed over `axis` classes."""
+    return -tf.reduce_sum(probs * tf.math.log(probs), axis=axis)
+
+
+def categorical_kl(p, q):
+    """KL[p || q] of independent categoricals `[..., K, C]`, summed over the K categoricals: [...]."""
+    return tf.reduce_sum(p * (tf.math.log(p) - tf.math.log(q)), axis=[-2, -1])
+
+
+def free_bits(kl, free_nats=1.0):
+    """`max(free_nats, kl)`: no gradient pressure once the KL is below `free_nats`."""
+    return tf.maximum(kl, free_nats)
+
+
+def normal_log_prob(x, mean, std):
+    """Log density of a diagonal Normal, summed over the last (action) axis."""
+    z = (x - mean) / std
+    return tf.reduce_sum(-0.5 * tf.square(z) - tf.math.log(std) - 0.5 * _LOG_2PI, -1)
+
+
+def normal_entropy(std):
+    """Entropy of a diagonal Normal, summed over the last (action) axis."""
+    return tf.reduce_sum(0.5 + 0.5 * _LOG_2PI + tf.math.log(std), -1)
+
+
+def lambda_returns(reward, cont, value, gamma, lam):
+    """λ-returns of an imagined trajectory, in real space, time-major.
+
+    Args:
+        reward, cont, value: `[H + 1, N]`; index t is imagined step t. `reward[t]` and `cont[t]`
+            are predicted on arrival at state t (index 0 is unused for the reward).
+        gamma, lam: discount γ and λ.
+
+    Returns:
+        `[H, N]` with `R_t = r_{t+1} + γ c_{t+1} ((1 - λ) v_{t+1} + λ R_{t+1})` and `R_H = v_H`.
+    """
+    horizon = reward.shape[0] - 1
+    ret = value[horizon]
+    returns = []
+    for t in reversed(range(horizon)):
+        ret = reward[t + 1] + gamma * cont[t + 1] * ((1.0 - lam) * value[t + 1] + lam * ret)
+        returns.append(ret)
+    return tf.stack(returns[::-1], axis=0)
+
+
+def trajectory_weights(cont, gamma):
+    """Per-step loss weights `[H, N]` from continues `[H + 1, N]` (index 0 from real data).
+
+    `w_0 = c_0`, `w_t = w_{t-1} * γ * c_t`: 1 for the first step of a non-terminal start state,
+    and zero after a predicted episode end.
+    """
+    horizon = cont.shape[0] - 1
+    discounts = tf.concat([cont[:1], gamma * cont[1:horizon]], axis=0)
+    return tf.stop_gradient(tf.math.cumprod(discounts, axis=0))
+
+
+def percentile(x, q):
+    """The `q`-th percentile (0–100) of all entries of `x`, linear interpolation like numpy."""
+    flat = tf.sort(tf.reshape(x, [-1]))
+    n = tf.cast(tf.size(flat), tf.float32)
+    pos = q / 100.0 * (n - 1.0)
+    lo = tf.cast(tf.floor(pos), tf.int32)
+    hi = tf.minimum(lo + 1, tf.size(flat) - 1)
+    frac = pos - tf.floor(pos)
+    return tf.gather(flat, lo) * (1.0 - frac) + tf.gather(flat, hi) * frac
+
+
+def return_scale_update(scale, returns, decay, low=5.0, high=95.0):
+    """New EMA of the return range: `decay * S + (1 - decay) * (P_high(R) - P_low(R))`."""
+    spread = percentile(returns, high) - percentile(returns, low)
+    return decay * scale + (1.0 - decay) * spread
+
+
+def normalized_advantage(returns, value, scale):
+    """`(R - v) / max(1, S)`: only returns spread wider than 1 are scaled down."""
+    return (returns - value) / tf.maximum(1.0, scale)

@@ -1,0 +1,68 @@
+"""All DreamerV3 networks in one `tf.Module`: world model, actor, critic, its EMA copy, and the
+return-normalisation statistic. Independent of RLlib; the RLModule wraps it."""
+
+import tensorflow as tf
+
+from rllib_dreamerv3.actor_critic import Actor, Critic
+from rllib_dreamerv3.world_model import WorldModel
+
+
+class DreamerV3Model(tf.Module):
+    """The networks and statistics that make up one DreamerV3 agent.
+
+    Args:
+        obs_dim: size of the 1-D observation vector.
+        action_dim: number of discrete actions, or continuous action dimensions.
+        discrete: whether actions are discrete (one-hot) or continuous in `[-1, 1]`.
+        size: a :class:`~rllib_dreamerv3.model_sizes.ModelSize`.
+        unimix: uniform mixture of latent and discrete-action categoricals.
+        num_bins: bins of the two-hot reward and value heads.
+        actor_min_std, actor_max_std: bounds of the continuous actor's std.
+    """
+
+    def __init__(self, obs_dim, action_dim, discrete, size, unimix=0.01, num_bins=255,
+                 actor_min_std=0.1, actor_max_std=1.0, name="dreamer"):
+        super().__init__(name=name)
+        self.world_model = WorldModel(obs_dim, action_dim, size, unimix, num_bins)
+        feat_dim = self.world_model.feat_dim
+        self.actor = Actor(feat_dim, action_dim, discrete, size, unimix, actor_min_std,
+                           actor_max_std)
+        self.critic = Critic(feat_dim, size, num_bins)
+        self.critic_ema = Critic(feat_dim, size, num_bins)
+        for slow, fast in zip(self.critic_ema.variables, self.critic.variables):
+            slow.assign(fast)
+        # EMA of the 5th-95th percentile range of imagined returns (S in SPEC §3).
+        self.return_scale = tf.Variable(0.0, trainable=False, name="return_scale")
+        self.action_dim = action_dim
+        self.discrete = discrete
+
+    def initial_carry(self, batch_size):
+        """Policy carry `(h, z, previous action)` for `batch_size` envs."""
+        h, z = self.world_model.initial_state(batch_size)
+        return h, z, tf.zeros([batch_size, self.action_dim])
+
+    def policy_step(self, carry, obs, is_first, seed, explore):
+        """One env step of the stateful policy, batched over envs.
+
+        Args:
+            carry: `(h [N, D], z [N, K*C], previous action [N, A])`.
+            obs: `[N, obs_dim]`; is_first: `[N]` bool, resets the carry of those envs.
+            seed: `[2]` int32 stateless seed. explore: sample (True) or act greedily (False).
+
+        Returns:
+            `(action [N, A], new carry)`; discrete actions are one-hot.
+        """
+        h, z, prev_action = carry
+        wm = self.world_model
+        h, z, _, _ = wm.observe_step(h, z, prev_action, wm.encoder(obs), is_first, seed,
+                                     sample=explore)
+        dist = self.actor.dist(tf.concat([h, z], -1))
+        seed = tf.random.experimental.stateless_fold_in(seed, 1)
+        action = self.actor.sample(dist, seed) if explore else self.actor.mode(dist)
+        action = tf.stop_gradient(action)
+        return action, (h, z, action)
+
+    def update_critic_ema(self, rate):
+        """`slow <- (1 - rate) * slow + rate * fast` for every critic variable."""
+        for slow, fast in zip(self.critic_ema.variables, self.critic.variables):
+            slow.assign((1.0 - rate) * slow + rate * fast)

@@ -1,0 +1,42 @@
+"""The model-size table (SPEC §6): the only place where network widths and depths are set.
+
+XS…XL follow the paper's table B. nano…XXS are debug sizes with fewer latent categoricals and
+classes (the same numbers as RLlib's built-in DreamerV3, so that benchmarks compare like with like).
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Widths and depths of every network for one model size."""
+
+    gru_units: int  # size of the deterministic state h
+    cnn_multiplier: int  # channels of the first conv layer (d, 2d, 4d, 8d)
+    dense_units: int  # width of every MLP hidden layer
+    mlp_layers: int  # hidden layers of encoder, decoder, heads, actor and critic
+    num_categoricals: int  # z: this many independent categoricals ...
+    num_classes: int  # ... of this many classes each
+
+
+MODEL_SIZES = {
+    "nano": ModelSize(16, 2, 16, 1, 4, 4),
+    "micro": ModelSize(32, 4, 32, 1, 8, 8),
+    "mini": ModelSize(64, 8, 64, 1, 16, 16),
+    "XXS": ModelSize(128, 16, 128, 1, 32, 32),
+    "XS": ModelSize(256, 24, 256, 1, 32, 32),
+    "S": ModelSize(512, 32, 512, 2, 32, 32),
+    "M": ModelSize(1024, 48, 640, 3, 32, 32),
+    "L": ModelSize(2048, 64, 768, 4, 32, 32),
+    "XL": ModelSize(4096, 96, 1024, 5, 32, 32),
+}
+
+
+def get_model_size(name):
+    """The :class:`ModelSize` called `name`; a clear `ValueError` for unknown names."""
+    if name not in MODEL_SIZES:
+        raise ValueError(
+            f"Unknown model_size={name!r}. Use one of {list(MODEL_SIZES)} "
+            "(XS…XL are the paper's sizes, nano…XXS small sizes for debugging)."
+        )
+    return MODEL_SIZES[name]

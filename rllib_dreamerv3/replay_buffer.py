@@ -1,0 +1,164 @@
+"""DreamerV3's replay buffer (SPEC §5): uniform over all stored sub-sequences of length T.
+
+Steps arrive as per-env streams (one stream per sub-env of each EnvRunner). A stream is a
+contiguous run of steps across episode boundaries (marked by `is_first`), so a sampled sequence
+may span several episodes. Storage is one set of flat numpy arrays of `capacity` steps in arrival
+order (FIFO eviction of the oldest step); `next_slot` links each step to the next step of its
+stream, so a sequence is gathered with T vectorised hops and one fancy-index per field.
+
+A step record is `(obs, action, reward, is_first, is_terminal)`: the observation, the action
+taken after seeing it (zeros on an episode's last step), the reward received on arriving at
+it, and the flags. FIFO eviction only ever removes the oldest step of a stream, so every
+stream's stored steps stay a contiguous suffix.
+"""
+
+import numpy as np
+
+FIELDS = ("obs", "actions", "rewards", "is_first", "is_terminal")
+
+
+class ReplayBuffer:
+    """FIFO, step-capacity replay of per-env streams with uniform `[B, T]` sequence sampling.
+
+    Args:
+        capacity: maximum number of stored env steps.
+        batch_length: T, the length of sampled sequences.
+        obs_shape, obs_dtype: one observation (images stay uint8).
+        action_dim: width of the stored action vectors (one-hot for discrete actions).
+        seed: seed of the sampling RNG.
+    """
+
+    def __init__(self, capacity, batch_length, obs_shape, obs_dtype, action_dim, seed=None):
+        if capacity < batch_length:
+            raise ValueError(
+                f"replay capacity={capacity} is smaller than batch_length_T={batch_length}; "
+                "use a capacity of at least T steps.")
+        self.capacity = int(capacity)
+        self.batch_length = int(batch_length)
+        self._data = {
+            "obs": np.zeros((self.capacity, *obs_shape), obs_dtype),
+            "actions": np.zeros((self.capacity, action_dim), np.float32),
+            "rewards": np.zeros(self.capacity, np.float32),
+            "is_first": np.zeros(self.capacity, bool),
+            "is_terminal": np.zeros(self.capacity, bool),
+        }
+        self._stream = np.full(self.capacity, -1, np.int64)  # stream id per slot, -1 = empty
+        self._index = np.zeros(self.capacity, np.int64)  # position of the step in its stream
+        self._next_slot = np.zeros(self.capacity, np.int64)
+        self._stream_ids = {}  # stream key -> stream id
+        self._length = np.zeros(0, np.int64)  # per stream id: steps added so far
+        self._first = np.zeros(0, np.int64)  # per stream id: position of its oldest stored step
+        self._last_slot = np.zeros(0, np.int64)  # per stream id: slot of its newest step
+        self._cursor = 0  # next slot to write
+        self._size = 0
+        self._added = 0
+        self._rng = np.random.default_rng(seed)
+
+    def __len__(self):
+        return self._size
+
+    @property
+    def num_steps_added(self):
+        """Env steps added over the buffer's lifetime (evicted ones included)."""
+        return self._added
+
+    @property
+    def nbytes(self):
+        """Memory held by the stored fields, in bytes."""
+        return sum(a.nbytes for a in self._data.values())
+
+    def add(self, stream_key, steps):
+        """Append `steps` (dict of arrays `[N, ...]` with the keys of `FIELDS`) to a stream.
+
+        `stream_key` is any hashable naming the env the steps come from, e.g. `(runner, env)`.
+        """
+        n = len(steps["rewards"])
+        for key in FIELDS:
+            if len(steps[key]) != n:
+                raise ValueError(f"steps[{key!r}] has {len(steps[key])} entries, expected {n}.")
+        if stream_key not in self._stream_ids:
+            self._stream_ids[stream_key] = len(self._stream_ids)
+            self._length = np.append(self._length, 0)
+            self._first = np.append(self._first, 0)
+            self._last_slot = np.append(self._last_slot, -1)
+        sid = self._stream_ids[stream_key]
+        keep = min(n, self.capacity)  # more than `capacity` new steps: only the newest fit
+        index = self._length[sid] + np.arange(n - keep, n)
+        slots = (self._cursor + np.arange(keep)) % self.capacity
+
+        evicted = self._stream[slots]
+        stored = evicted >= 0
+        np.maximum.at(self._first, evicted[stored], self._index[slots][stored] + 1)
+        for key in FIELDS:
+            self._data[key][slots] = steps[key][n - keep:]
+        self._stream[slots] = sid
+        self._index[slots] = index
+        last = self._last_slot[sid]
+        if last >= 0 and self._stream[last] == sid and self._index[last] == index[0] - 1:
+            self._next_slot[last] = slots[0]
+        self._next_slot[slots[:-1]] = slots[1:]
+        self._length[sid] += n
+        self._first[sid] = max(self._first[sid], self._length[sid] - self.capacity)
+        self._last_slot[sid] = slots[-1]
+        self._cursor = int((self._cursor + keep) % self.capacity)
+        self._size = min(self._size + keep, self.capacity)
+        self._added += n
+
+    def _valid(self, slots):
+        """Whether a full T-step sequence of the same stream starts at each of `slots`."""
+        ids = self._stream[slots]
+        remaining = self._length[np.maximum(ids, 0)] - self._index[slots]
+        return (ids >= 0) & (remaining >= self.batch_length)
+
+    def can_sample(self):
+        """True once some stream holds at least T consecutive stored steps."""
+        return bool(np.any(self._length - self._first >= self.batch_length))
+
+    def sample(self, batch_size):
+        """`batch_size` sequences, uniform over all stored length-T sub-sequences: `[B, T, ...]`."""
+        if not self.can_sample():
+            raise RuntimeError(
+                f"The replay buffer holds no sequence of batch_length_T={self.batch_length} steps "
+                f"yet ({self._size} steps stored); collect more steps before sampling.")
+        # Rejection sampling over slots is exact and O(B); invalid starts (the last T-1 steps of
+        # each stream) are rare, but fall back to enumerating the valid ones if they are not.
+        candidates = self._rng.integers(0, self._size, 8 * batch_size)
+        starts = candidates[self._valid(candidates)]
+        if len(starts) < batch_size:
+            starts = self._rng.choice(np.flatnonzero(self._valid(np.arange(self._size))),
+                                      batch_size)
+        slots = np.empty((batch_size, self.batch_length), np.int64)
+        slots[:, 0] = starts[:batch_size]
+        for t in range(1, self.batch_length):
+            slots[:, t] = self._next_slot[slots[:, t - 1]]
+        return {key: value[slots] for key, value in self._data.items()}
+
+    def get_state(self):
+        """Everything needed to restore the buffer, as numpy arrays and plain Python values."""
+        return {
+            "data": {k: v[:self._size] if self._size < self.capacity else v
+                     for k, v in self._data.items()},
+            "stream": self._stream, "index": self._index, "next_slot": self._next_slot,
+            "stream_ids": dict(self._stream_ids), "length": self._length, "first": self._first,
+            "last_slot": self._last_slot, "cursor": self._cursor, "size": self._size,
+            "added": self._added, "rng": self._rng.bit_generator.state,
+        }
+
+    def set_state(self, state):
+        """Restore from :meth:`get_state` (capacities must match)."""
+        if len(state["stream"]) != self.capacity:
+            raise ValueError(
+                f"Replay state has capacity {len(state['stream'])}, this buffer {self.capacity}; "
+                "restore with the same replay_capacity.")
+        size = state["size"]
+        for key in FIELDS:
+            self._data[key][:size] = state["data"][key][:size]
+        self._stream[:] = state["stream"]
+        self._index[:] = state["index"]
+        self._next_slot[:] = state["next_slot"]
+        self._stream_ids = dict(state["stream_ids"])
+        self._length = np.array(state["length"])
+        self._first = np.array(state["first"])
+        self._last_slot = np.array(state["last_slot"])
+        self._cursor, self._size, self._added = state["cursor"], size, state["added"]
+        self._rng.bit_generator.state = state["rng"]

@@ -1,0 +1,76 @@
+"""One DreamerV3 update (SPEC §4): world model step, imagination, critic and actor steps, critic
+EMA — built as a single compiled TF function with fixed shapes."""
+
+import tensorflow as tf
+
+from rllib_dreamerv3 import losses
+
+WORLD_MODEL, ACTOR, CRITIC = "world_model", "actor", "critic"
+
+
+def _step(optimizer, tape, loss, variables, clip):
+    grads = tape.gradient(loss, variables)
+    grads, norm = tf.clip_by_global_norm(grads, clip)
+    optimizer.apply_gradients(zip(grads, variables))
+    return norm
+
+
+def batch_signature(obs_shape, obs_dtype, action_dim, batch_size, batch_length):
+    """`tf.TensorSpec`s of a training batch `[B, T, ...]` (see :func:`losses.world_model_loss`)."""
+    bt = [batch_size, batch_length]
+    return {
+        "obs": tf.TensorSpec(bt + list(obs_shape), obs_dtype),
+        "actions": tf.TensorSpec(bt + [action_dim], tf.float32),
+        "rewards": tf.TensorSpec(bt, tf.float32),
+        "is_first": tf.TensorSpec(bt, tf.bool),
+        "is_terminal": tf.TensorSpec(bt, tf.bool),
+    }
+
+
+def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
+    """A compiled `update(batch, seed) -> metrics` for `model`.
+
+    Args:
+        model: a :class:`~rllib_dreamerv3.model.DreamerV3Model`.
+        optimizers: dict with keys `"world_model"`, `"actor"`, `"critic"` (built optimizers).
+        hp: the config (loss scales, γ, λ, clips, ...; see :mod:`rllib_dreamerv3.losses`).
+        signature: the batch's :func:`batch_signature`; the function is traced once for it.
+        jit_compile: compile with XLA (else a plain graph function).
+
+    Returns:
+        A `tf.function`; its input signature fixes all shapes, so it never re-traces.
+    """
+    wm_vars = model.world_model.trainable_variables
+    actor_vars = model.actor.trainable_variables
+    critic_vars = model.critic.trainable_variables
+    horizon = hp.horizon_H
+    batch_size, batch_length = signature["rewards"].shape
+
+    def update(batch, seed):
+        seeds = tf.random.experimental.stateless_split(seed, batch_length + 2 * horizon)
+        with tf.GradientTape() as tape:
+            wm_loss, metrics, (h, z) = losses.world_model_loss(
+                model, batch, seeds[:batch_length], hp)
+        metrics["grad_norm_world_model"] = _step(
+            optimizers[WORLD_MODEL], tape, wm_loss, wm_vars, hp.world_model_grad_clip)
+
+        start_h = tf.stop_gradient(tf.reshape(h, [batch_size * batch_length, -1]))
+        start_z = tf.stop_gradient(tf.reshape(z, [batch_size * batch_length, -1]))
+        start_cont = 1.0 - tf.reshape(
+            tf.transpose(tf.cast(batch["is_terminal"], tf.float32)), [-1])
+        with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
+            feat, actions = losses.imagine(model, start_h, start_z, horizon,
+                                           seeds[batch_length:])
+            actor_loss, critic_loss, scale, ac_metrics = losses.actor_critic_losses(
+                model, feat, actions, start_cont, hp)
+        metrics.update(ac_metrics)
+        metrics["grad_norm_critic"] = _step(
+            optimizers[CRITIC], critic_tape, critic_loss, critic_vars, hp.critic_grad_clip)
+        metrics["grad_norm_actor"] = _step(
+            optimizers[ACTOR], actor_tape, actor_loss, actor_vars, hp.actor_grad_clip)
+        model.return_scale.assign(scale)
+        model.update_critic_ema(hp.critic_ema_rate)
+        return metrics
+
+    return tf.function(update, jit_compile=jit_compile, autograph=False,
+                       input_signature=[signature, tf.TensorSpec([2], tf.int32)])

@@ -1,0 +1,23 @@
+"""rllib-dreamerv3: DreamerV3 in TensorFlow 2 as an algorithm plugin for Ray RLlib 2.60."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="rllib-dreamerv3",
+    version="0.1.0",
+    description="DreamerV3 (TensorFlow 2) for Ray RLlib's new API stack",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["rllib_dreamerv3", "rllib_dreamerv3.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "ray[rllib]==2.60.0",
+        "tensorflow==2.21.0",
+        "tensorflow-probability==0.25.0",
+        "tf-keras==2.21.0",
+        "gymnasium==1.2.2",
+        "ale-py>=0.10",
+        "numpy>=1.26",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+)

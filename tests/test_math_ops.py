@@ -1,0 +1,148 @@
+"""The pure math of SPEC §1–3 against values worked out by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from rllib_dreamerv3 import math_ops
+
+
+def test_symlog_symexp_values_and_inverse():
+    x = np.array([-10.0, -1.0, 0.0, 1.0, math.e - 1.0, 1000.0], np.float32)
+    expected = np.array([-math.log(11.0), -math.log(2.0), 0.0, math.log(2.0), 1.0,
+                         math.log(1001.0)], np.float32)
+    np.testing.assert_allclose(math_ops.symlog(x), expected, rtol=1e-6)
+    np.testing.assert_allclose(math_ops.symexp(math_ops.symlog(x)), x, rtol=1e-5)
+
+
+def test_two_hot_between_bins_on_bin_and_clipped():
+    bins = tf.constant([-2.0, 0.0, 2.0, 4.0])
+    # 0.5 lies a quarter of the way from bin 1 (0.0) to bin 2 (2.0).
+    np.testing.assert_allclose(math_ops.two_hot(0.5, bins), [0.0, 0.75, 0.25, 0.0])
+    np.testing.assert_allclose(math_ops.two_hot(2.0, bins), [0.0, 0.0, 1.0, 0.0])
+    np.testing.assert_allclose(math_ops.two_hot(4.0, bins), [0.0, 0.0, 0.0, 1.0])
+    np.testing.assert_allclose(math_ops.two_hot(-9.0, bins), [1.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(math_ops.two_hot(99.0, bins), [0.0, 0.0, 0.0, 1.0])
+
+
+def test_two_hot_bins_match_spec():
+    bins = math_ops.two_hot_bins()
+    assert bins.shape == (255,)
+    np.testing.assert_allclose([bins[0], bins[127], bins[-1]], [-20.0, 0.0, 20.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("y", [-300.0, -1.0, 0.0, 0.3, 7.0, 12345.0])
+def test_two_hot_round_trip_through_logits(y):
+    """Logits equal to log(two-hot weights) predict y back (in real space)."""
+    bins = math_ops.two_hot_bins()
+    weights = math_ops.two_hot(math_ops.symlog(tf.constant(y)), bins)
+    logits = tf.math.log(weights + 1e-30)
+    np.testing.assert_allclose(math_ops.two_hot_mean(logits, bins), y, rtol=1e-4, atol=1e-4)
+
+
+def test_two_hot_loss_is_cross_entropy():
+    bins = tf.constant([-1.0, 0.0, 1.0])
+    logits = tf.constant([0.0, 1.0, 2.0])
+    target = math_ops.symexp(tf.constant(0.5))  # symlog(target) = 0.5: half on bins 1 and 2
+    log_softmax = np.log(np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum())
+    expected = -(0.5 * log_softmax[1] + 0.5 * log_softmax[2])
+    np.testing.assert_allclose(math_ops.two_hot_loss(logits, target, bins), expected, rtol=1e-5)
+
+
+def test_unimix_probs():
+    probs = math_ops.unimix_probs(tf.constant([[0.0, 0.0, 100.0, -100.0]]), unimix=0.01)
+    np.testing.assert_allclose(probs, [[0.0025, 0.0025, 0.99 + 0.0025, 0.0025]], atol=1e-6)
+
+
+def test_straight_through_value_and_gradient():
+    probs = tf.Variable([0.2, 0.8])
+    with tf.GradientTape() as tape:
+        out = math_ops.straight_through(tf.constant([0.0, 1.0]), probs)
+        loss = tf.reduce_sum(out * tf.constant([3.0, 5.0]))
+    np.testing.assert_allclose(out, [0.0, 1.0])
+    np.testing.assert_allclose(tape.gradient(loss, probs), [3.0, 5.0])
+
+
+def test_categorical_kl_sums_over_categoricals():
+    p = tf.constant([[[0.5, 0.5], [0.9, 0.1]]])  # [1, K=2, C=2]
+    q = tf.constant([[[0.25, 0.75], [0.9, 0.1]]])
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # second one is 0
+    np.testing.assert_allclose(math_ops.categorical_kl(p, q), [expected], rtol=1e-5)
+
+
+def test_free_bits_clamps_below_one_nat():
+    np.testing.assert_allclose(math_ops.free_bits(tf.constant([0.2, 1.0, 3.5]), 1.0),
+                               [1.0, 1.0, 3.5])
+
+
+def test_free_bits_blocks_gradient_below_threshold():
+    kl = tf.Variable([0.5, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(math_ops.free_bits(kl, 1.0))
+    np.testing.assert_allclose(tape.gradient(loss, kl), [0.0, 1.0])
+
+
+def _reference_lambda_returns(reward, cont, value, gamma, lam):
+    horizon = len(reward) - 1
+    returns = np.zeros((horizon,) + reward.shape[1:])
+    next_return = value[horizon]
+    for t in reversed(range(horizon)):
+        next_return = reward[t + 1] + gamma * cont[t + 1] * (
+            (1 - lam) * value[t + 1] + lam * next_return)
+        returns[t] = next_return
+    return returns
+
+
+def test_lambda_returns_hand_computed():
+    # H = 2, one trajectory. R_1 = r2 + g c2 v2 (λ-weights sum to one at the end);
+    # R_0 = r1 + g c1 ((1-λ) v1 + λ R_1).
+    reward = np.array([[0.0], [1.0], [2.0]], np.float32)
+    cont = np.array([[1.0], [1.0], [1.0]], np.float32)
+    value = np.array([[0.0], [10.0], [20.0]], np.float32)
+    gamma, lam = 0.5, 0.5
+    r1 = 2.0 + 0.5 * 20.0
+    r0 = 1.0 + 0.5 * (0.5 * 10.0 + 0.5 * r1)
+    np.testing.assert_allclose(math_ops.lambda_returns(reward, cont, value, gamma, lam),
+                               [[r0], [r1]], rtol=1e-6)
+
+
+def test_lambda_returns_match_reference_loop():
+    rng = np.random.default_rng(0)
+    reward = rng.normal(size=(16, 5)).astype(np.float32)
+    cont = (rng.random((16, 5)) > 0.2).astype(np.float32)
+    value = rng.normal(size=(16, 5)).astype(np.float32)
+    np.testing.assert_allclose(
+        math_ops.lambda_returns(reward, cont, value, 0.997, 0.95),
+        _reference_lambda_returns(reward, cont, value, 0.997, 0.95), rtol=1e-5, atol=1e-5)
+
+
+def test_trajectory_weights():
+    cont = tf.constant([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])  # [H+1=4, N=2]
+    g = 0.9
+    np.testing.assert_allclose(math_ops.trajectory_weights(cont, g),
+                               [[1.0, 0.0], [g, 0.0], [0.0, 0.0]], rtol=1e-6)
+
+
+def test_percentile_matches_numpy():
+    x = np.random.default_rng(1).normal(size=(15, 37)).astype(np.float32)
+    for q in (0.0, 5.0, 50.0, 95.0, 100.0):
+        np.testing.assert_allclose(math_ops.percentile(x, q), np.percentile(x, q), rtol=1e-5)
+
+
+def test_return_normalization():
+    returns = tf.constant(np.arange(101, dtype=np.float32))  # P5 = 5, P95 = 95
+    scale = math_ops.return_scale_update(tf.constant(10.0), returns, decay=0.99)
+    np.testing.assert_allclose(scale, 0.99 * 10.0 + 0.01 * 90.0, rtol=1e-6)
+    # Small return ranges are not scaled up: divide by max(1, S).
+    np.testing.assert_allclose(math_ops.normalized_advantage(3.0, 1.0, 0.25), 2.0)
+    np.testing.assert_allclose(math_ops.normalized_advantage(3.0, 1.0, 4.0), 0.5)
+
+
+def test_normal_log_prob_and_entropy():
+    x, mean, std = tf.constant([[0.5]]), tf.constant([[0.0]]), tf.constant([[2.0]])
+    expected = -0.5 * (0.25 ** 2) - math.log(2.0) - 0.5 * math.log(2 * math.pi)
+    np.testing.assert_allclose(math_ops.normal_log_prob(x, mean, std), [expected], rtol=1e-6)
+    np.testing.assert_allclose(math_ops.normal_entropy(std),
+                               [0.5 + 0.5 * math.log(2 * math.pi) + math.log(2.0)], rtol=1e-6)
