@@ -1,0 +1,128 @@
+"""`DreamerV3`: the RLlib Algorithm — sample, store, replay at the training ratio, sync weights."""
+
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SINGLE_SPACES
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS,
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, REPLAY_BUFFER_RESULTS)
+
+from rllib_dreamerv3.config import DreamerV3Config
+from rllib_dreamerv3.replay_buffer import ReplayBuffer
+from rllib_dreamerv3.spaces import action_dim
+
+NUM_UPDATES_LIFETIME = "num_updates_lifetime"
+TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
+
+
+class DreamerV3(Algorithm):
+    """DreamerV3 (Hafner et al. 2023) on RLlib's new API stack, in TensorFlow 2.
+
+    Each `training_step` samples from the EnvRunners (random actions until
+    `num_steps_sampled_before_learning_starts` steps are stored), adds the steps to the replay
+    buffer, runs as many updates as `training_ratio` asks (replayed steps `B*T` per update over
+    env steps sampled since learning started), and syncs the new weights to the EnvRunners.
+
+    Checkpoints (`save_to_path` / `DreamerV3.from_checkpoint`) hold the module weights with the
+    EMA critic and the return scale, the three optimisers' states, counters, metrics and, unless
+    `store_replay_buffer_in_checkpoint=False`, the replay buffer.
+    """
+
+    @classmethod
+    def get_default_config(cls):
+        return DreamerV3Config()
+
+    def setup(self, config):
+        super().setup(config)
+        cfg = self.config
+        obs_space, act_space = self.spaces[INPUT_ENV_SINGLE_SPACES]
+        self.replay_buffer = ReplayBuffer(cfg.replay_capacity, cfg.batch_length_T,
+                                          obs_space.shape, obs_space.dtype if
+                                          obs_space.dtype.name == "uint8" else "float32",
+                                          action_dim(act_space), seed=cfg.seed)
+        self._counters = {"num_updates": 0, "env_steps_at_learning_start": None}
+
+    # --- one training step --------------------------------------------------------------------
+    def _env_steps_sampled(self):
+        return self.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)
+
+    def _sample(self, num_timesteps=None, random_actions=False):
+        """Sample from all EnvRunners into the replay buffer; `num_timesteps` is the total."""
+        remote = self.env_runner_group.num_remote_env_runners()
+        per_runner = None if num_timesteps is None else -(-num_timesteps // max(1, remote))
+
+        def sample(runner):
+            return (runner.sample(num_timesteps=per_runner, random_actions=random_actions),
+                    runner.get_metrics())
+
+        if remote == 0:
+            results = [sample(self.env_runner)]
+        else:
+            results = self.env_runner_group.foreach_env_runner(sample, local_env_runner=False)
+        for chunks, _ in results:
+            for stream_key, steps in chunks:
+                self.replay_buffer.add(stream_key, steps)
+        self.metrics.aggregate([metrics for _, metrics in results], key=ENV_RUNNER_RESULTS)
+
+    def training_step(self):
+        cfg = self.config
+        warmup_left = cfg.num_steps_sampled_before_learning_starts - self._env_steps_sampled()
+        if warmup_left > 0 or not self.replay_buffer.can_sample():
+            self._sample(num_timesteps=max(warmup_left, cfg.batch_length_T),
+                         random_actions=True)
+        else:
+            self._sample()
+
+        sampled = self._env_steps_sampled()
+        if self.replay_buffer.can_sample() and sampled >= cfg.num_steps_sampled_before_learning_starts:
+            if self._counters["env_steps_at_learning_start"] is None:
+                self._counters["env_steps_at_learning_start"] = sampled
+            self._train(sampled)
+        self._log_replay_and_ratio(sampled)
+
+    def _train(self, sampled):
+        cfg = self.config
+        replay_per_update = cfg.batch_size_B * cfg.batch_length_T
+        since_start = sampled - self._counters["env_steps_at_learning_start"]
+        target_updates = max(1, int(since_start * cfg.training_ratio / replay_per_update))
+        if self._counters["num_updates"] >= target_updates:
+            return
+        while self._counters["num_updates"] < target_updates:
+            batch = self.replay_buffer.sample(cfg.batch_size_B)
+            results = self.learner_group.update(
+                batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)},
+                                      env_steps=replay_per_update),
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled})
+            self.metrics.aggregate(results, key=LEARNER_RESULTS)
+            self._counters["num_updates"] += 1
+        self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
+                                           inference_only=True)
+
+    def _log_replay_and_ratio(self, sampled):
+        cfg = self.config
+        start = self._counters["env_steps_at_learning_start"]
+        updates = self._counters["num_updates"]
+        replayed = updates * cfg.batch_size_B * cfg.batch_length_T
+        since_start = 0 if start is None else sampled - start
+        self.metrics.log_value(NUM_UPDATES_LIFETIME, updates, window=1)
+        self.metrics.log_value(TRAINING_RATIO_ACHIEVED,
+                               replayed / since_start if since_start > 0 else 0.0, window=1)
+        self.metrics.log_dict({"num_steps_stored": len(self.replay_buffer),
+                               "num_bytes": self.replay_buffer.nbytes,
+                               "num_steps_added_lifetime": self.replay_buffer.num_steps_added},
+                              key=REPLAY_BUFFER_RESULTS, window=1)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        state["dreamer_counters"] = dict(self._counters)
+        if self.config.store_replay_buffer_in_checkpoint:
+            state["replay_buffer"] = self.replay_buffer.get_state()
+        return state
+
+    def set_state(self, state):
+        super().set_state(state)
+        if "dreamer_counters" in state:
+            self._counters = dict(state["dreamer_counters"])
+        if "replay_buffer" in state:
+            self.replay_buffer.set_state(state["replay_buffer"])

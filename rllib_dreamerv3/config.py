@@ -1,0 +1,212 @@
+"""`DreamerV3Config`: every hyperparameter of SPEC §4–6, with the paper's defaults, validated."""
+
+import numbers
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from rllib_dreamerv3.model_sizes import MODEL_SIZES
+from rllib_dreamerv3.spaces import check_spaces
+
+# name -> (default, description). The single source of DreamerV3's hyperparameters.
+HYPERPARAMETERS = {
+    "model_size": ("XS", f"network sizes, one of {list(MODEL_SIZES)} (SPEC §6)"),
+    "training_ratio": (1024, "replayed steps per sampled env step (SPEC §5)"),
+    "batch_size_B": (16, "sequences per training batch"),
+    "batch_length_T": (64, "steps per training sequence"),
+    "horizon_H": (15, "imagination horizon"),
+    "gae_lambda": (0.95, "λ of the λ-returns"),
+    "entropy_scale": (3e-4, "actor entropy regulariser η"),
+    "return_normalization_decay": (0.99, "EMA decay of the return range S"),
+    "world_model_lr": (1e-4, "world model Adam learning rate"),
+    "actor_lr": (3e-5, "actor Adam learning rate"),
+    "critic_lr": (3e-5, "critic Adam learning rate"),
+    "world_model_adam_eps": (1e-8, "world model Adam epsilon"),
+    "actor_adam_eps": (1e-5, "actor Adam epsilon"),
+    "critic_adam_eps": (1e-5, "critic Adam epsilon"),
+    "world_model_grad_clip": (1000.0, "world model global-norm gradient clip"),
+    "actor_grad_clip": (100.0, "actor global-norm gradient clip"),
+    "critic_grad_clip": (100.0, "critic global-norm gradient clip"),
+    "free_bits": (1.0, "free nats of L_dyn and L_rep"),
+    "pred_loss_scale": (1.0, "weight of L_pred"),
+    "dyn_loss_scale": (0.5, "weight of L_dyn"),
+    "rep_loss_scale": (0.1, "weight of L_rep"),
+    "critic_ema_rate": (0.02, "EMA rate of the slow critic per update"),
+    "critic_ema_regularizer": (1.0, "weight of the critic's pull towards the slow critic"),
+    "unimix": (0.01, "uniform mixture of latent and discrete-action categoricals"),
+    "num_bins": (255, "two-hot bins of the reward and critic heads"),
+    "actor_min_std": (0.1, "minimum std of the continuous actor"),
+    "actor_max_std": (1.0, "maximum std of the continuous actor"),
+    "replay_capacity": (1_000_000, "replay capacity in env steps (FIFO)"),
+    "num_steps_sampled_before_learning_starts": (
+        1024, "warm-up env steps (random actions) before the first update"),
+    "store_replay_buffer_in_checkpoint": (True, "save the replay buffer with checkpoints"),
+    "jit_compile": (True, "compile the update and the policy with XLA"),
+    "tf_num_threads": (None, "cap TF's thread pools per process (None: TF's default)"),
+}
+
+_POSITIVE_INTS = ("training_ratio", "batch_size_B", "horizon_H", "replay_capacity",
+                  "num_bins")
+_POSITIVE_FLOATS = ("world_model_lr", "actor_lr", "critic_lr", "world_model_adam_eps",
+                    "actor_adam_eps", "critic_adam_eps", "world_model_grad_clip",
+                    "actor_grad_clip", "critic_grad_clip", "actor_max_std")
+_NON_NEGATIVE = ("entropy_scale", "free_bits", "pred_loss_scale", "dyn_loss_scale",
+                 "rep_loss_scale", "critic_ema_regularizer", "actor_min_std",
+                 "num_steps_sampled_before_learning_starts")
+_UNIT_INTERVAL = {  # name -> (low, high, low inclusive, high inclusive)
+    "gamma": (0.0, 1.0, False, True),
+    "gae_lambda": (0.0, 1.0, True, True),
+    "return_normalization_decay": (0.0, 1.0, True, False),
+    "critic_ema_rate": (0.0, 1.0, False, True),
+    "unimix": (0.0, 1.0, True, False),
+}
+
+
+class DreamerV3Config(AlgorithmConfig):
+    """Configuration of :class:`~rllib_dreamerv3.DreamerV3`.
+
+    Example:
+        >>> from rllib_dreamerv3 import DreamerV3Config
+        >>> config = DreamerV3Config().environment("CartPole-v1").training(model_size="nano")
+        >>> algo = config.build_algo()  # doctest: +SKIP
+
+    Every DreamerV3 hyperparameter is set through :meth:`training`; the defaults are the paper's
+    (see `HYPERPARAMETERS` in this module). `gamma` defaults to `1 - 1/333`. Runs on TF2 only
+    (`framework="tf2"`), with at most one Learner.
+    """
+
+    def __init__(self, algo_class=None):
+        if algo_class is None:
+            from rllib_dreamerv3.algorithm import DreamerV3
+
+            algo_class = DreamerV3
+        super().__init__(algo_class=algo_class)
+        for name, (default, _) in HYPERPARAMETERS.items():
+            setattr(self, name, default)
+        from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
+
+        self.framework_str = "tf2"
+        self.env_runner_cls = DreamerV3EnvRunner
+        self.gamma = 1.0 - 1.0 / 333.0
+        self.lr = None  # three learning rates instead, see `training()`
+        self.rollout_fragment_length = "auto"
+        self.min_sample_timesteps_per_iteration = 100
+        # Our EnvRunner has no connectors whose states would need merging.
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
+
+    def training(self, **kwargs):
+        """Set training hyperparameters: DreamerV3's (`HYPERPARAMETERS`) and RLlib's own.
+
+        DreamerV3 keys: `model_size`, `training_ratio`, `batch_size_B`, `batch_length_T`,
+        `horizon_H`, `gae_lambda`, `entropy_scale`, `return_normalization_decay`,
+        `world_model_lr`, `actor_lr`, `critic_lr`, `world_model_adam_eps`, `actor_adam_eps`,
+        `critic_adam_eps`, `world_model_grad_clip`, `actor_grad_clip`, `critic_grad_clip`,
+        `free_bits`, `pred_loss_scale`, `dyn_loss_scale`, `rep_loss_scale`,
+        `critic_ema_rate`, `critic_ema_regularizer`, `unimix`, `num_bins`, `actor_min_std`,
+        `actor_max_std`, `replay_capacity`, `num_steps_sampled_before_learning_starts`,
+        `store_replay_buffer_in_checkpoint`, `jit_compile`, `tf_num_threads`. Any other key
+        goes to `AlgorithmConfig.training` (e.g. `gamma`).
+        """
+        for name in list(kwargs):
+            if name in HYPERPARAMETERS:
+                setattr(self, name, kwargs.pop(name))
+        super().training(**kwargs)
+        return self
+
+    def get_default_learner_class(self):
+        from rllib_dreamerv3.learner import DreamerV3Learner
+
+        return DreamerV3Learner
+
+    def get_default_rl_module_spec(self):
+        from rllib_dreamerv3.rl_module import DreamerV3RLModule
+
+        return RLModuleSpec(module_class=DreamerV3RLModule)
+
+    @property
+    def _model_config_auto_includes(self):
+        keys = ("model_size", "unimix", "num_bins", "actor_min_std", "actor_max_std",
+                "jit_compile")
+        return super()._model_config_auto_includes | {k: getattr(self, k) for k in keys}
+
+    @property
+    def hyperparameters(self):
+        """`{name: value}` of every DreamerV3 hyperparameter (plus `gamma`)."""
+        return {name: getattr(self, name) for name in HYPERPARAMETERS} | {"gamma": self.gamma}
+
+    def validate(self):
+        """RLlib's checks, then DreamerV3's: every bad value is named with what is allowed."""
+        super().validate()
+        self._validate_dreamer_values()
+        self._validate_env_spaces()
+
+    def _validate_dreamer_values(self):
+        if self.framework_str != "tf2":
+            self._value_error(
+                f"framework={self.framework_str!r}: rllib_dreamerv3 is TensorFlow 2 only; use "
+                "config.framework('tf2') (the default) or RLlib's built-in torch DreamerV3.")
+        if self.model_size not in MODEL_SIZES:
+            self._value_error(f"Unknown model_size={self.model_size!r}; use one of "
+                              f"{list(MODEL_SIZES)}.")
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+                self._value_error(f"{name}={value!r} must be a positive integer.")
+        if (not isinstance(self.batch_length_T, numbers.Integral)
+                or isinstance(self.batch_length_T, bool) or self.batch_length_T < 2):
+            self._value_error(f"batch_length_T={self.batch_length_T!r} must be an integer >= 2 "
+                              "(the world model learns from transitions within sequences).")
+        for name in _POSITIVE_FLOATS:
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or not value > 0:
+                self._value_error(f"{name}={value!r} must be a positive number.")
+        for name in _NON_NEGATIVE:
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or not value >= 0:
+                self._value_error(f"{name}={value!r} must be a number >= 0.")
+        for name, (low, high, low_in, high_in) in _UNIT_INTERVAL.items():
+            value = getattr(self, name)
+            ok = isinstance(value, numbers.Real) and (
+                (low <= value if low_in else low < value)
+                and (value <= high if high_in else value < high))
+            if not ok:
+                interval = f"{'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+                self._value_error(f"{name}={value!r} must lie in {interval}.")
+        if self.actor_min_std >= self.actor_max_std:
+            self._value_error(f"actor_min_std={self.actor_min_std} must be smaller than "
+                              f"actor_max_std={self.actor_max_std}.")
+        if self.replay_capacity < self.batch_length_T:
+            self._value_error(f"replay_capacity={self.replay_capacity} must hold at least one "
+                              f"sequence of batch_length_T={self.batch_length_T} steps.")
+        fragment = self.rollout_fragment_length
+        if fragment != "auto" and (not isinstance(fragment, numbers.Integral) or fragment <= 0):
+            self._value_error(f"rollout_fragment_length={fragment!r} must be 'auto' or a "
+                              "positive integer (env steps per env per sample call).")
+        if self.num_learners > 1:
+            self._value_error(
+                f"num_learners={self.num_learners}: TF learners do not synchronise gradients "
+                "across processes; use num_learners=0 (local) or 1 (one remote Learner).")
+        if self.is_multi_agent:
+            self._value_error("DreamerV3 is single-agent; multi-agent configs are not supported.")
+
+    def _validate_env_spaces(self):
+        if self.env is None:
+            return
+        spaces = (self.observation_space, self.action_space)
+        if None in spaces:
+            from rllib_dreamerv3.env_runner import make_env
+
+            env = make_env(self)
+            spaces = (env.observation_space, env.action_space)
+            env.close()
+        check_spaces(*spaces)
+
+    @property
+    def steps_per_sample(self):
+        """Env steps per env in one `training_step` sample ('auto': one update's worth)."""
+        if self.rollout_fragment_length != "auto":
+            return int(self.rollout_fragment_length)
+        replay_per_update = self.batch_size_B * self.batch_length_T
+        envs = max(1, self.num_env_runners) * self.num_envs_per_env_runner
+        return max(1, round(replay_per_update / self.training_ratio / envs))

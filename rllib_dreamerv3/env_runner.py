@@ -1,0 +1,206 @@
+"""`DreamerV3EnvRunner`: steps `num_envs_per_env_runner` gymnasium envs with the stateful policy.
+
+Each sub-env is one replay stream. Steps are recorded as `(obs, action, reward, is_first,
+is_terminal)`: the action is the one taken after seeing `obs` (zeros on an episode's last step),
+the reward is the one received on arriving at `obs`. A terminated episode's last step has
+`is_terminal=True`; a truncated one's has `is_terminal=False` (the episode did not end in the
+environment, so the continue head must not learn a terminal there).
+"""
+
+import numpy as np
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
+from ray.rllib.env.env_context import EnvContext
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import (EPISODE_LEN_MAX, EPISODE_LEN_MEAN, EPISODE_LEN_MIN,
+                                     EPISODE_RETURN_MAX, EPISODE_RETURN_MEAN,
+                                     EPISODE_RETURN_MIN, NUM_ENV_STEPS_SAMPLED,
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES,
+                                     NUM_EPISODES_LIFETIME)
+
+from rllib_dreamerv3.replay_buffer import FIELDS
+from rllib_dreamerv3.spaces import action_dim, is_discrete
+from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
+
+WEIGHTS_SEQ_NO = "weights_seq_no"
+
+
+def make_env(config, worker_index=0, vector_index=0):
+    """Create one env from `config.env` the way RLlib does (Tune registry, class, gym id)."""
+    _, creator = Algorithm._get_env_id_and_creator(config.env, config)
+    context = EnvContext(config.env_config, worker_index=worker_index, vector_index=vector_index)
+    try:
+        return creator(context)
+    except Exception as err:  # gymnasium raises several error types for unknown ids
+        raise ValueError(
+            f"Could not create env {config.env!r} with env_config={dict(config.env_config)}: "
+            f"{err}. Give a gymnasium id (e.g. 'CartPole-v1'), an env class, or a name "
+            "registered with ray.tune.register_env.") from err
+
+
+class DreamerV3EnvRunner(EnvRunner, Checkpointable):
+    """EnvRunner for DreamerV3: a vector of envs, the compiled stateful policy, replay chunks.
+
+    `sample()` returns a list of `(stream_key, steps)` with `steps` a dict of numpy arrays (the
+    replay buffer's `FIELDS`), one entry per sub-env; `stream_key` is `(worker_index, env_index)`.
+    """
+
+    def __init__(self, *, config, **kwargs):
+        ensure_tf2_behavior()
+        super().__init__(config=config, **kwargs)
+        limit_tf_threads(getattr(self.config, "tf_num_threads", None))
+        self._given_spaces = kwargs.get("spaces")
+        self.num_envs = self.config.num_envs_per_env_runner
+        has_env = (self.worker_index > 0 or self.config.num_env_runners == 0
+                   or self.config.create_env_on_local_worker)
+        self.envs = ([make_env(self.config, self.worker_index, i) for i in range(self.num_envs)]
+                     if has_env else [])
+        self.module = self.config.get_rl_module_spec(
+            spaces=self.get_spaces(), inference_only=True).build()
+        self._weights_seq_no = 0
+        self._rng = np.random.default_rng(
+            None if self.config.seed is None else self.config.seed + self.worker_index)
+        self._pending = None  # per env: the current observation's record, waiting for an action
+        self._needs_policy_reset = False  # after random-action steps the policy state is stale
+
+    # --- RLlib plumbing -------------------------------------------------------------------------
+    def get_spaces(self):
+        if not self.envs:
+            return self._given_spaces
+        spaces = (self.envs[0].observation_space, self.envs[0].action_space)
+        return {INPUT_ENV_SPACES: spaces, INPUT_ENV_SINGLE_SPACES: spaces,
+                DEFAULT_MODULE_ID: spaces}
+
+    def assert_healthy(self):
+        assert self.module is not None, "DreamerV3EnvRunner has no module."
+
+    def get_metrics(self):
+        return self.metrics.reduce()
+
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        state = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime,
+                 WEIGHTS_SEQ_NO: self._weights_seq_no}
+        if self._check_component(COMPONENT_RL_MODULE, components, not_components):
+            state[COMPONENT_RL_MODULE] = self.module.get_state(inference_only=True)
+        return state
+
+    def set_state(self, state):
+        if COMPONENT_RL_MODULE in state:
+            module_state = state[COMPONENT_RL_MODULE]
+            if isinstance(module_state, ray.ObjectRef):
+                module_state = ray.get(module_state)
+            module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
+            seq_no = state.get(WEIGHTS_SEQ_NO, 0)
+            if seq_no == 0 or seq_no > self._weights_seq_no:
+                self.module.set_state(module_state)
+                self._weights_seq_no = seq_no
+        if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
+            self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config, "spaces": self.get_spaces()}
+
+    def stop(self):
+        for env in self.envs:
+            env.close()
+
+    # --- sampling -------------------------------------------------------------------------------
+    def _reset_env(self, i):
+        obs, _ = self.envs[i].reset(seed=None if self.config.seed is None else
+                                    int(self._rng.integers(2**31)))
+        self._returns[i], self._lengths[i] = 0.0, 0
+        return {"obs": obs, "rewards": 0.0, "is_first": True, "is_terminal": False}
+
+    def _start(self):
+        space = self.module.action_space
+        self._discrete = is_discrete(space)
+        self._action_dim = action_dim(space)
+        self._returns = np.zeros(self.num_envs)
+        self._lengths = np.zeros(self.num_envs, np.int64)
+        self._pending = [self._reset_env(i) for i in range(self.num_envs)]
+        self._state = {k: np.repeat(v[None], self.num_envs, 0)
+                       for k, v in self.module.get_initial_state().items()}
+
+    def _random_actions(self):
+        space = self.module.action_space
+        env_actions = [space.sample() for _ in range(self.num_envs)]
+        if self._discrete:
+            model_actions = np.eye(self._action_dim, dtype=np.float32)[env_actions]
+        else:
+            low, high = space.low, space.high
+            model_actions = ((np.array(env_actions) - low) / (high - low) * 2.0 - 1.0)
+        return env_actions, np.asarray(model_actions, np.float32)
+
+    def _policy_actions(self, explore, is_first):
+        obs = np.stack([p["obs"] for p in self._pending])
+        out = self.module.forward_exploration if explore else self.module.forward_inference
+        result = out({"obs": obs, "is_first": is_first, "state_in": self._state})
+        self._state = result["state_out"]
+        return result["actions"].numpy(), result["actions_model"].numpy()
+
+    def sample(self, *, num_timesteps=None, explore=True, random_actions=False, **kwargs):
+        """Step every sub-env `num_timesteps / num_envs` times (default: the config's amount).
+
+        Returns `[(stream_key, steps), ...]`, one chunk per sub-env (see the class docstring).
+        """
+        if not self.envs:
+            raise RuntimeError("This EnvRunner has no envs (the local runner when "
+                               "num_env_runners > 0); sample from the remote runners.")
+        if self._pending is None:
+            self._start()
+        steps_per_env = (-(-num_timesteps // self.num_envs) if num_timesteps
+                         else self.config.steps_per_sample)
+        records = [[] for _ in range(self.num_envs)]
+        for _ in range(steps_per_env):
+            is_first = np.array([p["is_first"] for p in self._pending])
+            if random_actions:
+                env_actions, model_actions = self._random_actions()
+                # The policy's recurrent state did not follow these steps: restart it.
+                self._needs_policy_reset = True
+            else:
+                if self._needs_policy_reset:
+                    is_first = np.ones(self.num_envs, bool)
+                    self._needs_policy_reset = False
+                env_actions, model_actions = self._policy_actions(explore, is_first)
+            for i, env in enumerate(self.envs):
+                records[i].append({**self._pending[i], "actions": model_actions[i]})
+                obs, reward, terminated, truncated, _ = env.step(env_actions[i])
+                self._returns[i] += reward
+                self._lengths[i] += 1
+                if terminated or truncated:
+                    records[i].append({"obs": obs, "actions": np.zeros(self._action_dim),
+                                       "rewards": reward, "is_first": False,
+                                       "is_terminal": bool(terminated)})
+                    self._log_episode(self._returns[i], self._lengths[i])
+                    self._pending[i] = self._reset_env(i)
+                else:
+                    self._pending[i] = {"obs": obs, "rewards": reward, "is_first": False,
+                                        "is_terminal": False}
+        num_steps = steps_per_env * self.num_envs
+        self.num_env_steps_sampled_lifetime += num_steps
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum",
+                               with_throughput=True)
+        return [((self.worker_index, i), self._stack(recs)) for i, recs in enumerate(records)]
+
+    def _stack(self, records):
+        obs_dtype = self.module.observation_space.dtype
+        out = {key: np.asarray([r[key] for r in records]) for key in FIELDS}
+        out["obs"] = out["obs"].astype(obs_dtype if obs_dtype == np.uint8 else np.float32)
+        out["actions"] = out["actions"].astype(np.float32)
+        out["rewards"] = out["rewards"].astype(np.float32)
+        return out
+
+    def _log_episode(self, episode_return, length):
+        window = self.config.metrics_num_episodes_for_smoothing
+        self.metrics.log_value(EPISODE_RETURN_MEAN, episode_return, window=window)
+        self.metrics.log_value(EPISODE_LEN_MEAN, length, window=window)
+        self.metrics.log_value(EPISODE_RETURN_MIN, episode_return, reduce="min", window=window)
+        self.metrics.log_value(EPISODE_RETURN_MAX, episode_return, reduce="max", window=window)
+        self.metrics.log_value(EPISODE_LEN_MIN, length, reduce="min", window=window)
+        self.metrics.log_value(EPISODE_LEN_MAX, length, reduce="max", window=window)
+        self.metrics.log_value(NUM_EPISODES, 1, reduce="sum")
+        self.metrics.log_value(NUM_EPISODES_LIFETIME, 1, reduce="lifetime_sum")

@@ -1,0 +1,84 @@
+"""`DreamerV3Learner`: three Adam optimisers (SPEC §4) and one compiled update per call."""
+
+import numpy as np
+import tensorflow as tf
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_dreamerv3.spaces import action_dim
+from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
+from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
+
+
+class DreamerV3Learner(TfLearner):
+    """Learner running DreamerV3's update (:func:`~rllib_dreamerv3.update.make_update_fn`).
+
+    A batch is `[B, T, ...]` numpy: `obs`, `actions` (one-hot for discrete), `rewards`,
+    `is_first`, `is_terminal`. Each `update` call performs exactly one DreamerV3 update
+    (world model, critic and actor steps, critic EMA) in one XLA-compiled function whose input
+    shapes are fixed, so it traces once. Its metrics are logged under the module id.
+    """
+
+    def configure_optimizers_for_module(self, module_id, config=None):
+        model = self.module[module_id].model
+        parts = {
+            WORLD_MODEL: (model.world_model, config.world_model_lr, config.world_model_adam_eps),
+            ACTOR: (model.actor, config.actor_lr, config.actor_adam_eps),
+            CRITIC: (model.critic, config.critic_lr, config.critic_adam_eps),
+        }
+        for name, (net, lr, eps) in parts.items():
+            params = list(net.trainable_variables)
+            self.register_optimizer(module_id=module_id, optimizer_name=name,
+                                    optimizer=make_adam(lr, eps, params), params=params,
+                                    lr_or_lr_schedule=lr)
+
+    def build(self):
+        super().build()
+        cfg = self.config
+        module = self.module[DEFAULT_MODULE_ID]
+        optimizers = {name: opt for name, opt in self.get_optimizers_for_module(DEFAULT_MODULE_ID)}
+        obs_space = module.observation_space
+        self._signature = batch_signature(
+            obs_space.shape, tf.as_dtype(obs_space.dtype) if obs_space.dtype == np.uint8
+            else tf.float32, action_dim(module.action_space), cfg.batch_size_B, cfg.batch_length_T)
+        self._update_fn = make_update_fn(module.model, optimizers, cfg, self._signature,
+                                         jit_compile=cfg.jit_compile)
+        self._seed_rng = np.random.default_rng(cfg.seed)
+
+    @property
+    def num_traces(self):
+        """How often the update function has been traced (1 after the first update)."""
+        return self._update_fn.experimental_get_tracing_count()
+
+    def _check_batch(self, batch):
+        for key, spec in self._signature.items():
+            if key not in batch:
+                raise ValueError(f"DreamerV3 batch lacks {key!r}; it needs "
+                                 f"{sorted(self._signature)}.")
+            if tuple(batch[key].shape) != tuple(spec.shape):
+                raise ValueError(
+                    f"DreamerV3 batch[{key!r}] has shape {tuple(batch[key].shape)}, expected "
+                    f"{tuple(spec.shape)} (B={self.config.batch_size_B}, "
+                    f"T={self.config.batch_length_T}).")
+
+    def _update(self, batch, **kwargs):
+        batch = batch[DEFAULT_MODULE_ID]
+        self._check_batch(batch)
+        inputs = {key: tf.cast(batch[key], spec.dtype) for key, spec in self._signature.items()}
+        seed = tf.constant(self._seed_rng.integers(0, 2**31 - 1, 2), tf.int32)
+        metrics = self._update_fn(inputs, seed)
+        self.metrics.log_dict(metrics, key=DEFAULT_MODULE_ID, window=1)
+        loss = metrics["L_world_model"] + metrics["L_actor"] + metrics["L_critic"]
+        return {}, {DEFAULT_MODULE_ID: loss}, {}
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        raise NotImplementedError("DreamerV3Learner computes its losses inside `_update`.")
+
+    def get_state(self, *args, **kwargs):
+        state = super().get_state(*args, **kwargs)
+        state["seed_rng"] = self._seed_rng.bit_generator.state
+        return state
+
+    def set_state(self, state):
+        super().set_state(state)
+        if "seed_rng" in state:
+            self._seed_rng.bit_generator.state = state["seed_rng"]

@@ -1,0 +1,96 @@
+"""`DreamerV3RLModule`: world model, actor, critic and EMA critic as one TF2 RLModule."""
+
+import numpy as np
+import tensorflow as tf
+from ray.rllib.core.columns import Columns
+
+from rllib_dreamerv3.model import DreamerV3Model
+from rllib_dreamerv3.model_sizes import get_model_size
+from rllib_dreamerv3.spaces import action_dim, check_spaces, is_discrete
+from rllib_dreamerv3.tf_rllib import TfRLModule
+
+IS_FIRST = "is_first"
+
+
+class DreamerV3RLModule(TfRLModule):
+    """DreamerV3's networks (:class:`~rllib_dreamerv3.model.DreamerV3Model`) for RLlib.
+
+    Inference is stateful. `forward_inference` (greedy) and `forward_exploration` (sampled)
+    take a batch of N envs: `obs [N, ...]`, `is_first [N]` and `state_in` (`h`, `z`, `action`:
+    the recurrent state and previous action of each env; see :meth:`get_initial_state`); envs
+    with `is_first` start from the initial state. They return `actions` (env actions: ints for
+    Discrete, bounded floats for Box), `actions_model` (one-hot / [-1, 1]) and `state_out`.
+
+    Training runs through :class:`~rllib_dreamerv3.learner.DreamerV3Learner`'s compiled update,
+    not through `forward_train`.
+    """
+
+    # Inference needs the encoder, the RSSM and the actor; not the heads or the critics.
+    inference_only_excluded = ("model/critic", "model/critic_ema", "model/world_model/decoder",
+                               "model/world_model/reward_head",
+                               "model/world_model/continue_head")
+
+    def setup(self):
+        check_spaces(self.observation_space, self.action_space)
+        cfg = self.model_config
+        self.model = DreamerV3Model(
+            obs_dim=int(np.prod(self.observation_space.shape)),
+            action_dim=action_dim(self.action_space),
+            discrete=is_discrete(self.action_space),
+            size=get_model_size(cfg.get("model_size", "XS")),
+            unimix=cfg.get("unimix", 0.01),
+            num_bins=cfg.get("num_bins", 255),
+            actor_min_std=cfg.get("actor_min_std", 0.1),
+            actor_max_std=cfg.get("actor_max_std", 1.0),
+        )
+        self._seed = tf.random.Generator.from_non_deterministic_state()
+        self._policy_fns = {}
+
+    def get_initial_state(self):
+        """Per-env recurrent state `{h, z, action}` (numpy, no batch dimension)."""
+        h, z, action = self.model.initial_carry(1)
+        return {"h": h.numpy()[0], "z": z.numpy()[0], "action": action.numpy()[0]}
+
+    def policy_fn(self, explore):
+        """The compiled `(obs, is_first, h, z, action, seed) -> (env_action, model_action, h, z)`."""
+        if explore not in self._policy_fns:
+            model = self.model
+            low = high = None
+            if not model.discrete:
+                low = tf.constant(self.action_space.low, tf.float32)
+                high = tf.constant(self.action_space.high, tf.float32)
+
+            def policy(obs, is_first, h, z, action, seed):
+                obs = tf.reshape(tf.cast(obs, tf.float32), [tf.shape(obs)[0], -1])
+                action, (h, z, _) = model.policy_step((h, z, action), obs, is_first, seed,
+                                                      explore)
+                if model.discrete:
+                    env_action = tf.argmax(action, -1)
+                else:
+                    env_action = low + (action + 1.0) * 0.5 * (high - low)
+                return env_action, action, h, z
+
+            jit = bool(self.model_config.get("jit_compile", True))
+            self._policy_fns[explore] = tf.function(policy, autograph=False, jit_compile=jit)
+        return self._policy_fns[explore]
+
+    def _act(self, batch, explore):
+        state = batch[Columns.STATE_IN]
+        seed = self._seed.uniform_full_int([2], tf.int32)
+        env_action, action, h, z = self.policy_fn(explore)(
+            tf.convert_to_tensor(batch[Columns.OBS]),
+            tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
+            tf.convert_to_tensor(state["h"]), tf.convert_to_tensor(state["z"]),
+            tf.convert_to_tensor(state["action"]), seed)
+        return {Columns.ACTIONS: env_action, "actions_model": action,
+                Columns.STATE_OUT: {"h": h, "z": z, "action": action}}
+
+    def _forward_inference(self, batch, **kwargs):
+        return self._act(batch, explore=False)
+
+    def _forward_exploration(self, batch, **kwargs):
+        return self._act(batch, explore=True)
+
+    def _forward_train(self, batch, **kwargs):
+        raise NotImplementedError(
+            "DreamerV3 trains through DreamerV3Learner's compiled update, not forward_train.")

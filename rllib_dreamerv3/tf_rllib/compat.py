@@ -1,0 +1,85 @@
+"""Keeping TensorFlow 2 working inside Ray RLlib 2.60, and the one run-time patch of Ray.
+
+RLlib's new API stack assumes torch in a few places (see `RLLIB_TF_NOTES.md`). Everything that
+has to touch RLlib internals to work around that lives in this module, guarded by the pinned Ray
+version, so that a Ray upgrade only has to revisit this file.
+"""
+
+import logging
+import os
+
+import tensorflow as tf
+from tensorflow.python import tf2
+
+logger = logging.getLogger(__name__)
+
+PINNED_RAY_VERSION = "2.60.0"
+
+
+def ensure_tf2_behavior():
+    """Undo `tf.compat.v1.disable_v2_behavior()`, which RLlib calls if it imports TF first.
+
+    RLlib only turns eager execution back on, which leaves TF1 semantics (tensor equality,
+    control flow, shapes of `Dimension`s) in every process where RLlib imported TF before us,
+    e.g. inside Ray actors. Cheap and idempotent: call it wherever TF work starts in a process.
+    """
+    if not tf2.enabled() or not tf.executing_eagerly():
+        tf.compat.v1.enable_v2_behavior()
+
+
+def limit_tf_threads(num_threads):
+    """Cap TF's intra-/inter-op thread pools (Ray actors otherwise start dozens of threads).
+
+    Only effective before TF has run its first op in this process; later calls are ignored.
+    """
+    if not num_threads:
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+    except RuntimeError:
+        logger.debug("TF already initialised; thread limits unchanged.")
+
+
+def _tf_backend_config(original):
+    """Wrap `learner_group._get_backend_config`: TF learners get a plain `BackendConfig`.
+
+    A single remote TF learner needs no process-group setup (torch's DDP is what the original
+    configures); multi-learner TF training is rejected by the config's validation instead.
+    """
+
+    def get_backend_config(learner_class):
+        if learner_class.framework == "tf2":
+            from ray.train.backend import BackendConfig
+
+            return BackendConfig()
+        return original(learner_class)
+
+    get_backend_config._rllib_dreamerv3_patch = True
+    return get_backend_config
+
+
+def apply_ray_patches():
+    """Patch Ray at run time where RLlib 2.60 refuses TF; no-op on any other Ray version.
+
+    Returns the names of the applied patches (empty if the Ray version is not the pinned one).
+    """
+    import ray
+    from ray.rllib.core.learner import learner_group
+
+    if ray.__version__ != PINNED_RAY_VERSION:
+        logger.warning(
+            "rllib_dreamerv3 was written for ray==%s but ray==%s is installed: run-time patches "
+            "are not applied, so num_learners >= 1 may fail. Install ray[rllib]==%s.",
+            PINNED_RAY_VERSION, ray.__version__, PINNED_RAY_VERSION)
+        return []
+    applied = []
+    if not getattr(learner_group._get_backend_config, "_rllib_dreamerv3_patch", False):
+        learner_group._get_backend_config = _tf_backend_config(learner_group._get_backend_config)
+    applied.append("learner_group._get_backend_config")
+    return applied
+
+
+def quiet_tf_logs():
+    """Hide TF's C++ info logs unless the user chose a level (they bury training output)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

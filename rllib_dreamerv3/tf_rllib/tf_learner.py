@@ -1,0 +1,164 @@
+"""`TfLearner`: every framework-specific method of RLlib's `Learner`, for TensorFlow 2.
+
+The default update is one compiled function: forward pass, losses, gradients, per-optimizer
+global-norm clipping and optimizer steps. Subclasses with a custom update override `_update`.
+Metrics cannot be logged from inside a traced function, so traced code returns them and they
+are logged afterwards.
+"""
+
+import tensorflow as tf
+import tf_keras
+from ray.rllib.core.learner.learner import Learner
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+from rllib_dreamerv3.tf_rllib.compat import ensure_tf2_behavior, limit_tf_threads
+from rllib_dreamerv3.tf_rllib.tensors import to_tensor
+
+
+def make_adam(learning_rate, epsilon, params):
+    """A built `tf_keras` Adam for `params` (its slots exist before any tracing)."""
+    optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+    optimizer.build(params)
+    return optimizer
+
+
+class TfLearner(Learner):
+    """Base class for TF2 Learners on RLlib's new API stack.
+
+    Subclasses implement `configure_optimizers_for_module` (creating optimizers with
+    :func:`make_adam` or any built `tf_keras` optimizer and calling `register_optimizer`) and
+    `compute_loss_for_module`. Set `jit_compile = True` on a subclass to compile with XLA.
+    """
+
+    framework = "tf2"
+    jit_compile = False
+
+    def __init__(self, **kwargs):
+        ensure_tf2_behavior()
+        super().__init__(**kwargs)
+        self._compiled_update = None
+
+    def build(self):
+        limit_tf_threads(getattr(self.config, "tf_num_threads", None))
+        super().build()
+
+    # --- parameters and batches -------------------------------------------------------------
+    def get_param_ref(self, param):
+        return param.ref()  # tf.Variables are not hashable
+
+    def get_parameters(self, module):
+        return list(module.trainable_variables)
+
+    def _convert_batch_type(self, batch, to_device=False, pin_memory=False, use_stream=False):
+        return MultiAgentBatch(
+            {mid: SampleBatch(to_tensor(dict(b))) for mid, b in batch.policy_batches.items()},
+            env_steps=batch.env_steps())
+
+    def _get_tensor_variable(self, value, dtype=None, trainable=False):
+        return tf.Variable(value, trainable=trainable, dtype=dtype)
+
+    # --- optimizers ---------------------------------------------------------------------------
+    @staticmethod
+    def _get_optimizer_lr(optimizer):
+        return float(optimizer.learning_rate)
+
+    @staticmethod
+    def _set_optimizer_lr(optimizer, lr):
+        optimizer.learning_rate = float(lr)
+
+    @staticmethod
+    def _get_clip_function():
+        from ray.rllib.utils.tf_utils import clip_gradients
+
+        return clip_gradients
+
+    @staticmethod
+    def _get_global_norm_function():
+        return tf.linalg.global_norm
+
+    def _check_registered_optimizer(self, optimizer, params):
+        super()._check_registered_optimizer(optimizer, params)
+        if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+            raise TypeError(
+                f"TfLearner optimizers must be tf_keras optimizers, got {type(optimizer)}; "
+                "create them with rllib_dreamerv3.tf_rllib.make_adam().")
+        for param in params:
+            if not isinstance(param, tf.Variable):
+                raise TypeError(f"Optimizer parameters must be tf.Variables, got {type(param)}.")
+
+    def _get_optimizer_state(self):
+        return {
+            name: {"module_id": self._optimizer_name_to_module[name],
+                   "variables": [v.numpy() for v in optimizer.variables]}
+            for name, optimizer in self._named_optimizers.items()
+        }
+
+    def _set_optimizer_state(self, state):
+        for name, entry in state.items():
+            if name not in self._named_optimizers:
+                raise ValueError(
+                    f"Optimizer {name!r} in the state does not exist in this Learner "
+                    f"(it has {sorted(self._named_optimizers)}).")
+            variables = self._named_optimizers[name].variables
+            if len(variables) != len(entry["variables"]):
+                raise ValueError(
+                    f"Optimizer {name!r} has {len(variables)} variables, the state "
+                    f"{len(entry['variables'])}: the state comes from a different model.")
+            for var, value in zip(variables, entry["variables"]):
+                var.assign(value)
+
+    # --- gradients and the default update -------------------------------------------------------
+    def compute_gradients(self, loss_per_module, gradient_tape=None, **kwargs):
+        if gradient_tape is None:
+            raise ValueError("TfLearner.compute_gradients needs the `gradient_tape` that "
+                             "recorded the losses.")
+        refs = list(self._params)
+        total = tf.add_n(list(loss_per_module.values()))
+        grads = gradient_tape.gradient(total, [self._params[r] for r in refs])
+        return {ref: g for ref, g in zip(refs, grads) if g is not None}
+
+    def postprocess_gradients_for_module(self, *, module_id, config=None,
+                                         module_gradients_dict):
+        """Clip each optimizer's gradients by `config.grad_clip` (global norm), trace-safe."""
+        if not config.grad_clip:
+            return dict(module_gradients_dict)
+        if config.grad_clip_by != "global_norm":
+            return super().postprocess_gradients_for_module(
+                module_id=module_id, config=config, module_gradients_dict=module_gradients_dict)
+        out = {}
+        for optimizer_name, optimizer in self.get_optimizers_for_module(module_id):
+            grads = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
+            clipped, norm = tf.clip_by_global_norm(list(grads.values()), config.grad_clip)
+            out.update(zip(grads.keys(), clipped))
+            self._traced_metrics[(module_id, f"gradients_{optimizer_name}_global_norm")] = norm
+        return out
+
+    def apply_gradients(self, gradients_dict):
+        for optimizer in self._named_optimizers.values():
+            pairs = [(gradients_dict[ref], self._params[ref])
+                     for ref in self._optimizer_parameters[optimizer] if ref in gradients_dict]
+            if pairs:
+                optimizer.apply_gradients(pairs)
+
+    def _traced_update(self, batch):
+        self._traced_metrics = {}
+        with tf.GradientTape() as tape:
+            fwd_out = self.module.forward_train(batch)
+            losses = self.compute_losses(fwd_out=fwd_out, batch=batch)
+        grads = self.compute_gradients(losses, gradient_tape=tape)
+        self.apply_gradients(self.postprocess_gradients(grads))
+        return fwd_out, losses, dict(self._traced_metrics)
+
+    def _update(self, batch, **kwargs):
+        if self._compiled_update is None:
+            # A closure, not a bound method: Ray adds `_ray_trace_ctx` to actor methods.
+            def update(batch):
+                return self._traced_update(batch)
+
+            self._compiled_update = tf.function(update, autograph=False,
+                                                jit_compile=self.jit_compile)
+        fwd_out, losses, metrics = self._compiled_update(
+            {mid: dict(b) for mid, b in batch.items()})
+        for key, value in metrics.items():
+            self.metrics.log_value(key, value, window=1)
+        return fwd_out, losses, {}
