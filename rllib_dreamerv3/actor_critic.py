@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3 import math_ops, random_ops
 from rllib_dreamerv3.networks import MLP
 
 
@@ -34,10 +34,10 @@ class Actor(tf.Module):
     def sample(self, dist, seed):
         """A differentiable sample: straight-through one-hot, or reparameterised and clipped."""
         if self.discrete:
-            idx = tf.random.stateless_categorical(tf.math.log(dist), 1, seed)[:, 0]
+            idx = random_ops.categorical(tf.math.log(dist), seed)
             return math_ops.straight_through(tf.one_hot(idx, self.action_dim), dist)
         mean, std = dist
-        action = mean + std * tf.random.stateless_normal(tf.shape(mean), seed)
+        action = mean + std * random_ops.normal(mean.shape, seed)
         return action + tf.stop_gradient(tf.clip_by_value(action, -1.0, 1.0) - action)
 
     def mode(self, dist):

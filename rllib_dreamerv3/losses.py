@@ -13,6 +13,7 @@ sg = tf.stop_gradient
 
 
 def _time_major(x):
+    x = tf.convert_to_tensor(x)
     return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
 
 

@@ -3,6 +3,7 @@ return-normalisation statistic. Independent of RLlib; the RLModule wraps it."""
 
 import tensorflow as tf
 
+from rllib_dreamerv3 import random_ops
 from rllib_dreamerv3.actor_critic import Actor, Critic
 from rllib_dreamerv3.world_model import WorldModel
 
@@ -57,7 +58,7 @@ class DreamerV3Model(tf.Module):
         h, z, _, _ = wm.observe_step(h, z, prev_action, wm.encoder(obs), is_first, seed,
                                      sample=explore)
         dist = self.actor.dist(tf.concat([h, z], -1))
-        seed = tf.random.experimental.stateless_fold_in(seed, 1)
+        seed = random_ops.fold_in(seed, 1)
         action = self.actor.sample(dist, seed) if explore else self.actor.mode(dist)
         action = tf.stop_gradient(action)
         return action, (h, z, action)

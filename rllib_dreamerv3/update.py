@@ -3,7 +3,7 @@ EMA — built as a single compiled TF function with fixed shapes."""
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import losses
+from rllib_dreamerv3 import losses, random_ops
 
 WORLD_MODEL, ACTOR, CRITIC = "world_model", "actor", "critic"
 
@@ -47,7 +47,7 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
     batch_size, batch_length = signature["rewards"].shape
 
     def update(batch, seed):
-        seeds = tf.random.experimental.stateless_split(seed, batch_length + 2 * horizon)
+        seeds = random_ops.split(seed, batch_length + 2 * horizon)
         with tf.GradientTape() as tape:
             wm_loss, metrics, (h, z) = losses.world_model_loss(
                 model, batch, seeds[:batch_length], hp)

@@ -6,7 +6,7 @@ flattened), features `[h, z]` feed every head. Sequences are processed time-majo
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3 import math_ops, random_ops
 from rllib_dreamerv3.networks import MLP, DenseBlock, GRUCell
 
 
@@ -84,7 +84,7 @@ class WorldModel(tf.Module):
         """Straight-through one-hot sample `[N, K * C]` of the categoricals given by `logits`."""
         probs = self.probs(logits)
         flat = tf.reshape(tf.math.log(probs), [-1, self.size.num_classes])
-        idx = tf.random.stateless_categorical(flat, 1, seed)[:, 0]
+        idx = random_ops.categorical(flat, seed)
         sample = tf.reshape(tf.one_hot(idx, self.size.num_classes), tf.shape(probs))
         return tf.reshape(math_ops.straight_through(sample, probs), [-1, self.stoch_dim])
 

@@ -58,7 +58,6 @@ class ToyModule(TfRLModule):
         rng = np.random.default_rng((self.model_config or {}).get("seed"))
         self.net = Linear(self.observation_space.shape[0], rng)
         self.head = Linear(self.observation_space.shape[0], rng)
-        self.not_a_module = tf.Variable(1.0)  # a bare attribute variable: not part of the state
 
     def _forward_inference(self, batch, **kwargs):
         return {"pred": self.net(batch["obs"])}
@@ -133,7 +132,7 @@ def weights(learner):
 
 
 def mse_and_grads(state, data):
-    """The toy's MSE and its gradients by (optimizer, param), by hand on copies of `state`."""
+    """The toy's MSE and its gradients keyed by state path, by hand on copies of `state`."""
     v = {k: tf.Variable(val) for k, val in state.items()}
     x = tf.constant(data["obs"], tf.float32)
     y = tf.constant(data["y"], tf.float32)
@@ -285,7 +284,7 @@ def test_learner_state_round_trip_restores_optimizer_moments():
         update(a, other_data)
     state = a.get_state()
     assert set(state["optimizer"]) == {NET_OPT, HEAD_OPT}
-    assert all(isinstance(v, np.ndarray)
+    assert all(isinstance(v, (np.ndarray, np.generic))  # numpy only: pickles into checkpoints
                for entry in state["optimizer"].values() for v in entry["variables"])
 
     b = make_learner(lr=0.05, seed=3)
@@ -443,12 +442,22 @@ def test_ensure_tf2_behavior_undoes_disable_v2_behavior():
 # --- 6. a remote learner ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster():
+    # Ray workers cannot import this test module under pytest's module name (its rootdir is not
+    # on their sys.path), so the toy classes travel by value; the package comes from REPO_ROOT.
+    this_module = sys.modules[__name__]
+    ray.cloudpickle.register_pickle_by_value(this_module)
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+        pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath,
+                                           "TF_CPP_MIN_LOG_LEVEL": "2"}})
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(this_module)
 
 
 def test_remote_learner_group_updates(ray_cluster):

@@ -1,0 +1,75 @@
+"""Train one tuned example until its stop criterion; print one JSON line per iteration.
+
+Usage: python benchmarks/learning.py tuned_examples/cartpole.yaml [--max-minutes 60] [--seed 0]
+
+Each line: iteration, env steps sampled, updates, wall seconds since the start (build included),
+episode return mean, and the world-model loss. The last line has "done": true and the reason.
+Runs in-process (no Ray Tune), with the YAML's `config` applied via `update_from_dict`.
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import yaml  # noqa: E402
+
+from rllib_dreamerv3 import DreamerV3Config  # noqa: E402
+
+
+def nested_get(result, path):
+    for key in path.split("/"):
+        if not isinstance(result, dict) or key not in result:
+            return None
+        result = result[key]
+    return result
+
+
+def stop_reached(result, stop):
+    """The first stop criterion (`path: threshold`) whose value has reached its threshold."""
+    for path, threshold in stop.items():
+        value = nested_get(result, path)
+        if value is not None and value >= threshold:
+            return path
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("yaml_file")
+    parser.add_argument("--max-minutes", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with open(args.yaml_file) as f:
+        experiments = yaml.safe_load(f)
+    name, spec = next(iter(experiments.items()))
+    config = (DreamerV3Config().update_from_dict(spec.get("config", {}))
+              .environment(spec["env"]).debugging(seed=args.seed))
+    start = time.time()
+    algo = config.build_algo()
+    reason = None
+    while reason is None:
+        result = algo.train()
+        elapsed = time.time() - start
+        learner = nested_get(result, "learners/default_policy") or {}
+        print(json.dumps({
+            "experiment": name,
+            "iteration": result["training_iteration"],
+            "env_steps": result["env_runners"]["num_env_steps_sampled_lifetime"],
+            "updates": result.get("num_updates_lifetime"),
+            "wall_s": round(elapsed, 1),
+            "episode_return_mean": nested_get(result, "env_runners/episode_return_mean"),
+            "L_world_model": learner.get("L_world_model"),
+        }, default=float), flush=True)
+        reason = stop_reached(result, spec.get("stop", {}))
+        if reason is None and elapsed > args.max_minutes * 60:
+            reason = f"max_minutes={args.max_minutes}"
+    print(json.dumps({"experiment": name, "done": True, "stop": reason,
+                      "wall_s": round(time.time() - start, 1)}), flush=True)
+    algo.stop()
+
+
+if __name__ == "__main__":
+    main()

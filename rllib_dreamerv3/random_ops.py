@@ -1,0 +1,63 @@
+"""Counter-based random numbers that are bit-identical compiled (XLA) and uncompiled.
+
+TF's stateless RNG ops draw different numbers under XLA than in eager mode, which would make
+"compiled update == eager update" untestable. These functions hash `(seed, element index)` with
+an integer mixer (lowbias32, 32-bit multiply/xor-shift) instead: plain integer ops, the same on
+every backend. Seeds are `[2]` int32 tensors; shapes must be static.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+_GOLDEN = 0x9E3779B9
+
+
+def _mix(x):
+    """lowbias32 integer hash, uint32 -> uint32."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+    x = x * tf.constant(0x7FEB352D, tf.uint32)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 15))
+    x = x * tf.constant(0x846CA68B, tf.uint32)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+
+
+def _key(seed):
+    seed = tf.cast(seed, tf.uint32)
+    return _mix(tf.bitwise.bitwise_xor(_mix(seed[0] + tf.constant(_GOLDEN, tf.uint32)), seed[1]))
+
+
+def split(seed, num):
+    """`num` independent seeds `[num, 2]` int32 derived from `seed`."""
+    key = _key(seed)
+    counter = tf.cast(tf.range(2 * num), tf.uint32)
+    bits = _mix(tf.bitwise.bitwise_xor(_mix(counter + tf.constant(_GOLDEN, tf.uint32)), key))
+    return tf.reshape(tf.bitcast(bits, tf.int32), [num, 2])
+
+
+def fold_in(seed, data):
+    """A seed derived from `seed` and the Python int `data`."""
+    return split(seed, data + 1)[data]
+
+
+def uniform(shape, seed):
+    """Uniform floats in the open interval (0, 1), `shape` (static)."""
+    num = int(np.prod(shape))
+    counter = tf.cast(tf.range(num), tf.uint32)
+    key = _key(seed)
+    bits = _mix(tf.bitwise.bitwise_xor(_mix(counter), key) + key)
+    values = (tf.cast(tf.bitwise.right_shift(bits, 8), tf.float32) + 0.5) * (2.0 ** -24)
+    return tf.reshape(values, shape)
+
+
+def normal(shape, seed):
+    """Standard normal floats (Box–Muller), `shape` (static)."""
+    u1, u2 = tf.unstack(uniform([2, *shape], seed))
+    return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(2.0 * math.pi * u2)
+
+
+def categorical(log_probs, seed):
+    """One index per row of `log_probs` `[N, C]` (Gumbel-max): `[N]` int64."""
+    gumbel = -tf.math.log(-tf.math.log(uniform(log_probs.shape, seed)))
+    return tf.argmax(log_probs + gumbel, axis=-1)

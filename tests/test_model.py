@@ -1,0 +1,176 @@
+"""Networks and one update: shapes for every size, initial values, learning signal, compilation."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from rllib_dreamerv3 import losses, random_ops
+from rllib_dreamerv3.config import HYPERPARAMETERS
+from rllib_dreamerv3.model import DreamerV3Model
+from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
+from rllib_dreamerv3.tf_rllib import make_adam
+from rllib_dreamerv3.update import batch_signature, make_update_fn
+
+B, T = 4, 8
+
+
+def hparams(**overrides):
+    values = {name: default for name, (default, _) in HYPERPARAMETERS.items()}
+    values.update(gamma=1 - 1 / 333, horizon_H=5, batch_size_B=B, batch_length_T=T)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def make_batch(seed=0, obs_dim=3, num_actions=2, discrete=True):
+    rng = np.random.default_rng(seed)
+    if discrete:
+        actions = np.eye(num_actions, dtype=np.float32)[rng.integers(0, num_actions, (B, T))]
+    else:
+        actions = rng.uniform(-1, 1, (B, T, num_actions)).astype(np.float32)
+    is_first = np.zeros((B, T), bool)
+    is_first[:, 0] = True
+    is_first[1, 5] = True
+    is_terminal = np.zeros((B, T), bool)
+    is_terminal[1, 4] = True
+    return {"obs": rng.normal(size=(B, T, obs_dim)).astype(np.float32), "actions": actions,
+            "rewards": rng.normal(size=(B, T)).astype(np.float32),
+            "is_first": is_first, "is_terminal": is_terminal}
+
+
+def build(size="nano", discrete=True, seed=0, obs_dim=3, num_actions=2):
+    tf.random.set_seed(seed)
+    model = DreamerV3Model(obs_dim, num_actions, discrete, get_model_size(size))
+    optimizers = {
+        "world_model": make_adam(1e-3, 1e-8, model.world_model.trainable_variables),
+        "actor": make_adam(3e-4, 1e-5, model.actor.trainable_variables),
+        "critic": make_adam(3e-4, 1e-5, model.critic.trainable_variables),
+    }
+    return model, optimizers
+
+
+@pytest.mark.parametrize("size", list(MODEL_SIZES))
+def test_output_shapes_for_every_size(size):
+    dims = get_model_size(size)
+    model = DreamerV3Model(obs_dim=5, action_dim=3, discrete=True, size=dims)
+    n = 2
+    carry = model.initial_carry(n)
+    action, (h, z, prev) = model.policy_step(
+        carry, tf.zeros([n, 5]), tf.constant([True, False]), tf.constant([1, 2]), explore=True)
+    stoch = dims.num_categoricals * dims.num_classes
+    assert action.shape == (n, 3) and prev.shape == (n, 3)
+    assert h.shape == (n, dims.gru_units) and z.shape == (n, stoch)
+    np.testing.assert_allclose(tf.reduce_sum(action, -1), 1.0)  # one-hot actions
+    # z is one-hot per categorical.
+    np.testing.assert_allclose(tf.reduce_sum(tf.reshape(z, [n, dims.num_categoricals, -1]), -1),
+                               1.0)
+    feat = tf.concat([h, z], -1)
+    wm = model.world_model
+    assert wm.decoder(feat).shape == (n, 5)
+    assert wm.reward_head(feat).shape == (n, 255)
+    assert wm.continue_logit(feat).shape == (n,)
+    assert model.critic(feat).shape == (n, 255)
+
+
+def test_hidden_layers_follow_the_size_table():
+    dims = get_model_size("S")
+    model = DreamerV3Model(obs_dim=4, action_dim=2, discrete=True, size=dims)
+    assert len(model.actor.mlp.blocks) == dims.mlp_layers == 2
+    assert model.actor.mlp.blocks[0].dense.w.shape[1] == 512
+    assert model.actor.mlp.blocks[0].dense.b is None  # hidden Dense layers have no bias
+    assert model.actor.mlp.out.b is not None  # output layers do
+    assert model.world_model.gru.dense.w.shape == (512 + 512, 3 * 512)
+
+
+def test_reward_and_critic_start_at_zero():
+    model, _ = build()
+    feat = tf.random.normal([7, model.world_model.feat_dim])
+    np.testing.assert_allclose(model.world_model.reward(feat), np.zeros(7), atol=1e-6)
+    np.testing.assert_allclose(model.critic.value(feat), np.zeros(7), atol=1e-6)
+
+
+def test_continuous_actor_bounds_and_std():
+    model = DreamerV3Model(3, 2, False, get_model_size("nano"))
+    feat = tf.random.normal([100, model.world_model.feat_dim]) * 10
+    mean, std = model.actor.dist(feat)
+    assert np.all(np.abs(mean) <= 1.0)
+    assert np.all((std >= 0.1) & (std <= 1.0))
+    action = model.actor.sample((mean, std), tf.constant([0, 1]))
+    assert np.all(np.abs(action) <= 1.0)
+
+
+def test_reset_on_is_first_restores_initial_state():
+    model, _ = build()
+    h0, z0 = model.world_model.initial_state(2)
+    h = tf.random.normal(h0.shape)
+    z = tf.random.normal(z0.shape)
+    prev = tf.ones([2, 2])
+    h_r, z_r, a_r = model.world_model.reset(h, z, prev, tf.constant([True, False]))
+    np.testing.assert_allclose(h_r[0], h0[0])
+    np.testing.assert_allclose(z_r[0], z0[0])
+    np.testing.assert_allclose(h_r[1], h[1])
+    np.testing.assert_allclose(a_r, [[0, 0], [1, 1]])
+
+
+def test_world_model_loss_terms_at_init():
+    model, _ = build()
+    _, metrics, (h, z) = losses.world_model_loss(
+        model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
+    # Zero-initialised reward head: uniform over 255 bins.
+    np.testing.assert_allclose(metrics["L_reward"], np.log(255.0), rtol=1e-5)
+    # Free bits: both KL losses are at least 1 nat.
+    assert metrics["L_dyn"] >= 1.0 and metrics["L_rep"] >= 1.0
+    assert h.shape == (T, B, 16) and z.shape == (T, B, 16)
+
+
+def test_updates_on_a_fixed_batch_lower_the_world_model_loss():
+    model, optimizers = build()
+    sig = batch_signature((3,), tf.float32, 2, B, T)
+    update = make_update_fn(model, optimizers, hparams(), sig)
+    batch = make_batch()
+    first = float(update(batch, tf.constant([0, 0]))["L_world_model"])
+    for i in range(60):
+        last = float(update(batch, tf.constant([0, i]))["L_world_model"])
+    assert last < 0.8 * first, (first, last)
+    assert update.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_compiled_update_matches_eager(discrete):
+    """One XLA-compiled update equals the same update run eagerly, weights included."""
+    results = []
+    for jit in (True, None):
+        model, optimizers = build(discrete=discrete, seed=3)
+        sig = batch_signature((3,), tf.float32, 2, B, T)
+        fn = make_update_fn(model, optimizers, hparams(), sig, jit_compile=bool(jit))
+        update = fn if jit else fn.python_function
+        metrics = update(make_batch(discrete=discrete), tf.constant([5, 7]))
+        results.append((metrics, [v.numpy() for v in model.variables]))
+    (m_jit, w_jit), (m_eager, w_eager) = results
+    for key in m_jit:
+        np.testing.assert_allclose(m_jit[key], m_eager[key], rtol=2e-3, atol=2e-4, err_msg=key)
+    for a, b in zip(w_jit, w_eager):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_critic_ema_moves_towards_the_critic():
+    model, _ = build()
+    for var in model.critic.variables:
+        var.assign(var + 1.0)
+    before = [v.numpy() for v in model.critic_ema.variables]
+    model.update_critic_ema(0.02)
+    for b, slow, fast in zip(before, model.critic_ema.variables, model.critic.variables):
+        np.testing.assert_allclose(slow, 0.98 * b + 0.02 * fast.numpy(), rtol=1e-6)
+
+
+def test_actor_loss_only_updates_actor_and_critic_only_critic():
+    model, optimizers = build()
+    sig = batch_signature((3,), tf.float32, 2, B, T)
+    update = make_update_fn(model, optimizers, hparams(world_model_lr=0.0), sig)
+    actor_before = [v.numpy() for v in model.actor.variables]
+    critic_before = [v.numpy() for v in model.critic.variables]
+    metrics = update(make_batch(), tf.constant([1, 1]))
+    assert np.isfinite(float(metrics["L_actor"])) and np.isfinite(float(metrics["L_critic"]))
+    assert any(not np.allclose(a, v) for a, v in zip(actor_before, model.actor.variables))
+    assert any(not np.allclose(c, v) for c, v in zip(critic_before, model.critic.variables))
