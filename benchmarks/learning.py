@@ -61,7 +61,9 @@ def main():
             "updates": result.get("num_updates_lifetime"),
             "wall_s": round(elapsed, 1),
             "episode_return_mean": nested_get(result, "env_runners/episode_return_mean"),
-            "L_world_model": learner.get("L_world_model"),
+            **{key: learner.get(key) for key in (
+                "L_world_model", "L_continue", "actor_entropy", "critic_value_mean",
+                "imagined_continue_mean", "return_scale")},
         }, default=float), flush=True)
         reason = stop_reached(result, spec.get("stop", {}))
         if reason is None and elapsed > args.max_minutes * 60:

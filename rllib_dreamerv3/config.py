@@ -137,15 +137,15 @@ class DreamerV3Config(AlgorithmConfig):
 
     def validate(self):
         """RLlib's checks, then DreamerV3's: every bad value is named with what is allowed."""
+        if self.framework_str != "tf2":  # before RLlib's checks, which import the framework
+            self._value_error(
+                f"framework={self.framework_str!r}: rllib_dreamerv3 is TensorFlow 2 only; use "
+                "config.framework('tf2') (the default) or RLlib's built-in torch DreamerV3.")
         super().validate()
         self._validate_dreamer_values()
         self._validate_env_spaces()
 
     def _validate_dreamer_values(self):
-        if self.framework_str != "tf2":
-            self._value_error(
-                f"framework={self.framework_str!r}: rllib_dreamerv3 is TensorFlow 2 only; use "
-                "config.framework('tf2') (the default) or RLlib's built-in torch DreamerV3.")
         if self.model_size not in MODEL_SIZES:
             self._value_error(f"Unknown model_size={self.model_size!r}; use one of "
                               f"{list(MODEL_SIZES)}.")

@@ -28,9 +28,9 @@ def check_spaces(observation_space, action_space):
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
         if not (np.all(np.isfinite(act.low)) and np.all(np.isfinite(act.high))):
             raise ValueError(
-                f"Action space {act!r} has infinite bounds. DreamerV3's continuous actor acts "
-                "in [-1, 1] and rescales to the bounds: give the Box finite low/high, e.g. "
-                "with gymnasium.wrappers.RescaleAction.")
+                f"Action space {act!r} has infinite bounds. DreamerV3 supports {SUPPORTED}: "
+                "its continuous actor acts in [-1, 1] and rescales to the bounds. Give the Box "
+                "finite low/high, e.g. with gymnasium.wrappers.ClipAction and RescaleAction.")
         return
     raise ValueError(
         f"Unsupported action space {act!r}. DreamerV3 supports {SUPPORTED}. MultiDiscrete, "

@@ -94,17 +94,21 @@ class TfLearner(Learner):
         }
 
     def _set_optimizer_state(self, state):
+        # Check everything before writing anything: a bad state must not half-load.
         for name, entry in state.items():
             if name not in self._named_optimizers:
                 raise ValueError(
                     f"Optimizer {name!r} in the state does not exist in this Learner "
                     f"(it has {sorted(self._named_optimizers)}).")
             variables = self._named_optimizers[name].variables
-            if len(variables) != len(entry["variables"]):
+            if len(variables) != len(entry["variables"]) or any(
+                    tuple(v.shape) != tuple(value.shape)
+                    for v, value in zip(variables, entry["variables"])):
                 raise ValueError(
-                    f"Optimizer {name!r} has {len(variables)} variables, the state "
-                    f"{len(entry['variables'])}: the state comes from a different model.")
-            for var, value in zip(variables, entry["variables"]):
+                    f"Optimizer {name!r}'s variables do not match the state's (counts or "
+                    "shapes differ): the state comes from a different model.")
+        for name, entry in state.items():
+            for var, value in zip(self._named_optimizers[name].variables, entry["variables"]):
                 var.assign(value)
 
     # --- gradients and the default update -------------------------------------------------------
@@ -119,18 +123,29 @@ class TfLearner(Learner):
 
     def postprocess_gradients_for_module(self, *, module_id, config=None,
                                          module_gradients_dict):
-        """Clip each optimizer's gradients by `config.grad_clip` (global norm), trace-safe."""
-        if not config.grad_clip:
+        """Clip each optimizer's gradients as `config.grad_clip[_by]` says; trace-safe logging.
+
+        The global norm per optimizer is reported (as RLlib's torch Learner does) when clipping
+        by global norm or when `config.log_gradients` is set.
+        """
+        if not config.grad_clip and not config.log_gradients:
             return dict(module_gradients_dict)
-        if config.grad_clip_by != "global_norm":
-            return super().postprocess_gradients_for_module(
-                module_id=module_id, config=config, module_gradients_dict=module_gradients_dict)
-        out = {}
+        out = dict(module_gradients_dict)
+        clip, clip_by = config.grad_clip, config.grad_clip_by
         for optimizer_name, optimizer in self.get_optimizers_for_module(module_id):
             grads = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
-            clipped, norm = tf.clip_by_global_norm(list(grads.values()), config.grad_clip)
-            out.update(zip(grads.keys(), clipped))
-            self._traced_metrics[(module_id, f"gradients_{optimizer_name}_global_norm")] = norm
+            values = list(grads.values())
+            norm = tf.linalg.global_norm(values)
+            if clip:
+                if clip_by == "global_norm":
+                    values, _ = tf.clip_by_global_norm(values, clip, use_norm=norm)
+                elif clip_by == "norm":
+                    values = [tf.clip_by_norm(g, clip) for g in values]
+                else:
+                    values = [tf.clip_by_value(g, -clip, clip) for g in values]
+                out.update(zip(grads.keys(), values))
+            if (clip and clip_by == "global_norm") or config.log_gradients:
+                self._traced_metrics[(module_id, f"gradients_{optimizer_name}_global_norm")] = norm
         return out
 
     def apply_gradients(self, gradients_dict):

@@ -31,13 +31,24 @@ class TfRLModule(RLModule):
         super().__init__(*args, **kwargs)
 
     def tf_variables(self):
-        """`{path: tf.Variable}` of every variable of every `tf.Module` attribute, sorted."""
-        out = {}
+        """`{path: tf.Variable}` of every variable of every `tf.Module` attribute, sorted.
+
+        A variable reachable by several paths is listed once. Keras 3 layers are not
+        `tf.Module`s and would be silently left out, so they are rejected.
+        """
+        out, seen = {}, set()
         for attr, value in sorted(vars(self).items()):
-            if isinstance(value, tf.Module):
-                for path, var in value._flatten(predicate=_is_variable, with_path=True):
+            if not isinstance(value, tf.Module):
+                if type(value).__module__.startswith("keras"):
+                    raise TypeError(
+                        f"{type(self).__name__}.{attr} is a Keras 3 object; TfRLModule tracks "
+                        "tf.Module attributes only. Wrap it in a tf.Module or use tf_keras.")
+                continue
+            for path, var in value._flatten(predicate=_is_variable, with_path=True):
+                if var.ref() not in seen:
+                    seen.add(var.ref())
                     out["/".join([attr, *map(str, path)])] = var
-        return out
+        return dict(sorted(out.items()))
 
     @property
     def trainable_variables(self):
@@ -45,7 +56,9 @@ class TfRLModule(RLModule):
         return [v for v in self.tf_variables().values() if v.trainable]
 
     def _included(self, name, inference_only):
-        return not (inference_only and name.startswith(tuple(self.inference_only_excluded)))
+        excluded = any(name == prefix or name.startswith(prefix.rstrip("/") + "/")
+                       for prefix in self.inference_only_excluded)
+        return not (inference_only and excluded)
 
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kwargs):
         """`{path: numpy array}`; with `inference_only`, without the excluded prefixes."""
@@ -53,16 +66,20 @@ class TfRLModule(RLModule):
                 if self._included(name, inference_only)}
 
     def set_state(self, state):
-        """Assign the arrays of `state` (a full or partial :meth:`get_state` dict)."""
+        """Assign the arrays of `state` (a full or partial :meth:`get_state` dict).
+
+        Every entry is checked before any is written, so a mismatched state changes nothing.
+        """
         variables = self.tf_variables()
         for name, value in state.items():
             if name not in variables:
                 raise ValueError(
                     f"State entry {name!r} matches no variable of {type(self).__name__}; the "
                     "state comes from a different model (check model_size and the spaces).")
-            var = variables[name]
-            if tuple(var.shape) != np.shape(value):
+            if tuple(variables[name].shape) != np.shape(value):
                 raise ValueError(
                     f"State entry {name!r} has shape {np.shape(value)}, the variable "
-                    f"{tuple(var.shape)}; the state comes from a differently sized model.")
-            var.assign(value)
+                    f"{tuple(variables[name].shape)}; the state comes from a differently sized "
+                    "model.")
+        for name, value in state.items():
+            variables[name].assign(value)

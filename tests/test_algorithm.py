@@ -1,0 +1,176 @@
+"""DreamerV3 inside RLlib: build and train, remote runners/learners, checkpoints, env runner."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_dreamerv3 import DreamerV3, DreamerV3Config
+from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
+
+LOSSES = ("L_world_model", "L_pred", "L_dyn", "L_rep", "L_decoder", "L_reward", "L_continue",
+          "L_actor", "L_critic")
+DIAGNOSTICS = ("kl_dyn_before_free_bits", "kl_rep_before_free_bits", "prior_entropy",
+               "posterior_entropy", "return_scale", "critic_value_mean", "actor_entropy",
+               "grad_norm_world_model", "grad_norm_actor", "grad_norm_critic")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
+             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}})
+    yield
+    ray.shutdown()
+
+
+def tiny_config(env="CartPole-v1", **training):
+    settings = dict(model_size="nano", batch_size_B=2, batch_length_T=8, horizon_H=3,
+                    training_ratio=32, num_steps_sampled_before_learning_starts=32)
+    settings.update(training)
+    return (DreamerV3Config().environment(env).training(**settings)
+            .reporting(min_sample_timesteps_per_iteration=16).debugging(seed=0))
+
+
+@pytest.mark.parametrize("env,num_env_runners,num_learners", [
+    ("CartPole-v1", 0, 0), ("CartPole-v1", 1, 1), ("Pendulum-v1", 0, 1), ("Pendulum-v1", 1, 0)])
+def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
+    config = (tiny_config(env).env_runners(num_env_runners=num_env_runners)
+              .learners(num_learners=num_learners))
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+    finally:
+        algo.stop()
+    sampled = result["env_runners"]["num_env_steps_sampled_lifetime"]
+    assert sampled >= 32 + 16
+    updates = result["num_updates_lifetime"]
+    # training_ratio 32 with B*T = 16: two updates per env step sampled after the warm-up.
+    assert result["training_ratio_achieved"] == pytest.approx(32, rel=0.1)
+    assert updates >= 2 * 16
+    learner = result["learners"][DEFAULT_MODULE_ID]
+    for key in LOSSES + DIAGNOSTICS:
+        assert np.isfinite(learner[key]), key
+    assert result["replay_buffer"]["num_steps_stored"] >= sampled
+    assert result["replay_buffer"]["num_bytes"] > 0
+
+
+def test_training_step_warm_up_then_ratio():
+    algo = tiny_config(training_ratio=64).build_algo()
+    try:
+        algo.training_step()
+        assert algo.replay_buffer.num_steps_added >= 32  # warm-up, random actions
+        assert algo._counters["num_updates"] == 1
+        for _ in range(5):
+            algo.training_step()
+        # 5 samples of one step each at 4 updates per step (the first update included).
+        assert algo._counters["num_updates"] == 5 * 4
+    finally:
+        algo.stop()
+
+
+def _module_state(algo):
+    return algo.learner_group._learner.module[DEFAULT_MODULE_ID].get_state()
+
+
+@pytest.mark.parametrize("store_buffer", [True, False])
+def test_checkpoint_round_trip(tmp_path, store_buffer):
+    algo = tiny_config(store_replay_buffer_in_checkpoint=store_buffer).build_algo()
+    try:
+        algo.train()
+        algo.train()
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        restored = DreamerV3.from_checkpoint(path)
+    finally:
+        algo.stop()
+    try:
+        before, after = _module_state(algo), _module_state(restored)
+        assert before.keys() == after.keys()
+        assert any("critic_ema" in k for k in after) and "model/return_scale" in after
+        for key in before:
+            np.testing.assert_array_equal(before[key], after[key], err_msg=key)
+        opt_before = algo.learner_group._learner._get_optimizer_state()
+        opt_after = restored.learner_group._learner._get_optimizer_state()
+        assert sorted(opt_before) == sorted(opt_after) and len(opt_after) == 3
+        for name in opt_before:
+            for a, b in zip(opt_before[name]["variables"], opt_after[name]["variables"]):
+                np.testing.assert_array_equal(a, b)
+        assert restored._counters == algo._counters
+        assert restored.training_iteration == 2
+        if store_buffer:
+            assert len(restored.replay_buffer) == len(algo.replay_buffer)
+            np.testing.assert_array_equal(restored.replay_buffer.sample(4)["obs"].shape,
+                                          (4, 8, 4))
+        else:
+            assert len(restored.replay_buffer) == 0
+        result = restored.train()  # continues where it stopped
+        assert result["num_updates_lifetime"] > algo._counters["num_updates"]
+    finally:
+        restored.stop()
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(Exception, match="does-not-exist|not found|No such|exist"):
+        DreamerV3.from_checkpoint(str(tmp_path / "does-not-exist"))
+
+
+class _ScriptedEnv(gym.Env):
+    """Episodes of 3 steps: even episodes terminate, odd episodes are truncated."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config=None):
+        self.episode = -1
+
+    def reset(self, *, seed=None, options=None):
+        self.episode += 1
+        self.t = 0
+        return np.array([self.episode, 0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t == 3
+        obs = np.array([self.episode, self.t], np.float32)
+        return obs, float(self.t), done and self.episode % 2 == 0, \
+            done and self.episode % 2 == 1, {}
+
+
+def test_env_runner_records_terminated_vs_truncated():
+    config = tiny_config(_ScriptedEnv).env_runners(num_envs_per_env_runner=2)
+    runner = DreamerV3EnvRunner(config=config, worker_index=0)
+    chunks = runner.sample(num_timesteps=12)  # 6 steps per env = 2 episodes each
+    assert [key for key, _ in chunks] == [(0, 0), (0, 1)]
+    steps = chunks[0][1]
+    # Each episode: 3 acting steps (first has is_first) + the final observation.
+    np.testing.assert_array_equal(steps["obs"][:, 1], [0, 1, 2, 3, 0, 1, 2, 3])
+    np.testing.assert_array_equal(steps["is_first"], [1, 0, 0, 0, 1, 0, 0, 0])
+    # Episode 0 terminated, episode 1 was truncated: no terminal for the continue head.
+    np.testing.assert_array_equal(steps["is_terminal"], [0, 0, 0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(steps["rewards"], [0, 1, 2, 3, 0, 1, 2, 3])
+    # Acting steps carry one-hot actions; the final observation has none.
+    np.testing.assert_array_equal(steps["actions"].sum(-1), [1, 1, 1, 0, 1, 1, 1, 0])
+    metrics = runner.get_metrics()
+    assert metrics["episode_return_mean"] == pytest.approx(6.0)
+    runner.stop()
+
+
+def test_policy_state_resets_on_is_first():
+    config = tiny_config()
+    runner = DreamerV3EnvRunner(config=config, worker_index=0)
+    module = runner.module
+    obs = np.zeros((2, 4), np.float32)
+    state = {k: np.repeat(v[None], 2, 0) for k, v in module.get_initial_state().items()}
+    state["h"] = state["h"] + 5.0
+    out = module.forward_inference({"obs": obs, "is_first": np.array([True, False]),
+                                    "state_in": state})
+    assert out["actions"].shape == (2,)
+    h = out["state_out"]["h"].numpy()
+    # Same observation, but env 0 restarted from the initial state and env 1 from h + 5.
+    assert not np.allclose(h[0], h[1])
+    fresh = {k: np.repeat(v[None], 2, 0) for k, v in module.get_initial_state().items()}
+    out_fresh = module.forward_inference({"obs": obs, "is_first": np.array([False, False]),
+                                          "state_in": fresh})
+    np.testing.assert_allclose(h[0], out_fresh["state_out"]["h"].numpy()[0], rtol=1e-5)
+    runner.stop()

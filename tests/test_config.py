@@ -1,0 +1,115 @@
+"""DreamerV3Config: the paper's defaults, and a clear early error for every bad value."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rllib_dreamerv3 import DreamerV3Config
+from rllib_dreamerv3.config import HYPERPARAMETERS
+
+
+def test_paper_defaults():
+    c = DreamerV3Config()
+    assert (c.model_size, c.training_ratio, c.batch_size_B, c.batch_length_T, c.horizon_H) == (
+        "XS", 1024, 16, 64, 15)
+    assert c.gamma == pytest.approx(1 - 1 / 333) and c.gae_lambda == 0.95
+    assert c.entropy_scale == 3e-4 and c.return_normalization_decay == 0.99
+    assert (c.world_model_lr, c.actor_lr, c.critic_lr) == (1e-4, 3e-5, 3e-5)
+    assert (c.world_model_adam_eps, c.actor_adam_eps, c.critic_adam_eps) == (1e-8, 1e-5, 1e-5)
+    assert (c.world_model_grad_clip, c.actor_grad_clip, c.critic_grad_clip) == (1000, 100, 100)
+    assert c.free_bits == 1.0
+    assert (c.pred_loss_scale, c.dyn_loss_scale, c.rep_loss_scale) == (1.0, 0.5, 0.1)
+    assert c.critic_ema_rate == 0.02 and c.critic_ema_regularizer == 1.0
+    assert c.unimix == 0.01 and c.num_bins == 255 and c.replay_capacity == 1_000_000
+    assert c.framework_str == "tf2"
+
+
+def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
+    c = DreamerV3Config().training(model_size="S", training_ratio=512, horizon_H=10, gamma=0.99)
+    assert (c.model_size, c.training_ratio, c.horizon_H, c.gamma) == ("S", 512, 10, 0.99)
+    restored = DreamerV3Config.from_dict(c.to_dict())
+    for name in HYPERPARAMETERS:
+        assert getattr(restored, name) == getattr(c, name), name
+    with pytest.raises(TypeError):
+        DreamerV3Config().training(not_a_hyperparameter=1)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("model_size", "XXL", "Unknown model_size='XXL'"),
+    ("training_ratio", 0, "training_ratio=0 must be a positive integer"),
+    ("batch_size_B", -1, "batch_size_B=-1 must be a positive integer"),
+    ("batch_length_T", 1, "batch_length_T=1 must be an integer >= 2"),
+    ("horizon_H", 0, "horizon_H=0 must be a positive integer"),
+    ("gamma", 1.5, "gamma=1.5 must lie in (0.0, 1.0]"),
+    ("gae_lambda", -0.1, "gae_lambda=-0.1 must lie in [0.0, 1.0]"),
+    ("world_model_lr", 0.0, "world_model_lr=0.0 must be a positive number"),
+    ("actor_adam_eps", -1e-5, "actor_adam_eps=-1e-05 must be a positive number"),
+    ("critic_grad_clip", 0, "critic_grad_clip=0 must be a positive number"),
+    ("free_bits", -1.0, "free_bits=-1.0 must be a number >= 0"),
+    ("entropy_scale", -1.0, "entropy_scale=-1.0 must be a number >= 0"),
+    ("return_normalization_decay", 1.0, "return_normalization_decay=1.0 must lie in"),
+    ("critic_ema_rate", 0.0, "critic_ema_rate=0.0 must lie in (0.0, 1.0]"),
+    ("unimix", 1.0, "unimix=1.0 must lie in [0.0, 1.0)"),
+    ("replay_capacity", 10, "replay_capacity=10 must hold at least one sequence"),
+    ("actor_min_std", 2.0, "actor_min_std=2.0 must be smaller than actor_max_std"),
+])
+def test_bad_values_are_named(key, value, message):
+    config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        config.validate()
+
+
+def test_more_than_one_learner_is_rejected():
+    config = DreamerV3Config().environment("CartPole-v1").learners(num_learners=2)
+    with pytest.raises(ValueError, match="num_learners=2"):
+        config.validate()
+
+
+def test_torch_framework_is_rejected():
+    config = DreamerV3Config().environment("CartPole-v1").framework("torch")
+    with pytest.raises(ValueError, match="TensorFlow 2 only"):
+        config.validate()
+
+
+def test_bad_rollout_fragment_length():
+    config = DreamerV3Config().environment("CartPole-v1")
+    config.rollout_fragment_length = 0  # e.g. from a dict; `.env_runners()` rejects it too
+    with pytest.raises(ValueError, match="rollout_fragment_length"):
+        config.validate()
+
+
+def test_unknown_env_is_a_clear_error():
+    config = DreamerV3Config().environment("NoSuchEnv-v0")
+    with pytest.raises(ValueError, match="Could not create env 'NoSuchEnv-v0'"):
+        config.validate()
+
+
+def _env_with(obs_space, act_space):
+    class Env(gym.Env):
+        observation_space = obs_space
+        action_space = act_space
+
+        def __init__(self, config=None):
+            pass
+
+    return Env
+
+
+@pytest.mark.parametrize("obs_space,act_space,message", [
+    (gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}), gym.spaces.Discrete(2),
+     "Unsupported observation space Dict"),
+    (gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,))]), gym.spaces.Discrete(2),
+     "Unsupported observation space Tuple"),
+    (gym.spaces.MultiBinary(3), gym.spaces.Discrete(2), "Unsupported observation space Multi"),
+    (gym.spaces.Box(0, 1, (3, 4)), gym.spaces.Discrete(2), r"Unsupported observation shape \(3, 4\)"),
+    (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiDiscrete([2, 2]),
+     "Unsupported action space MultiDiscrete"),
+    (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2), "Unsupported action space Multi"),
+    (gym.spaces.Box(0, 1, (3,)), gym.spaces.Box(-np.inf, np.inf, (2,)), "infinite bounds"),
+])
+def test_unsupported_spaces_list_what_is_supported(obs_space, act_space, message):
+    config = DreamerV3Config().environment(_env_with(obs_space, act_space))
+    with pytest.raises(ValueError, match=message) as info:
+        config.validate()
+    assert "Discrete(n) or a 1-D Box" in str(info.value)
