@@ -5,7 +5,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SINGLE_SPACES
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, REPLAY_BUFFER_RESULTS)
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME,
+                                     NUM_ENV_STEPS_TRAINED_LIFETIME, REPLAY_BUFFER_RESULTS)
 
 from rllib_dreamerv3.config import DreamerV3Config
 from rllib_dreamerv3.replay_buffer import ReplayBuffer
@@ -105,6 +106,9 @@ class DreamerV3(Algorithm):
         replayed = updates * cfg.batch_size_B * cfg.batch_length_T
         since_start = 0 if start is None else sampled - start
         self.metrics.log_value(NUM_UPDATES_LIFETIME, updates, window=1)
+        # Replayed env steps (B*T per update); RLlib's per-learner count sees only B rows when
+        # the Learner is remote.
+        self.metrics.log_value(NUM_ENV_STEPS_TRAINED_LIFETIME, replayed, window=1)
         self.metrics.log_value(TRAINING_RATIO_ACHIEVED,
                                replayed / since_start if since_start > 0 else 0.0, window=1)
         self.metrics.log_dict({"num_steps_stored": len(self.replay_buffer),

@@ -49,6 +49,7 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
     # training_ratio 32 with B*T = 16: two updates per env step sampled after the warm-up.
     assert result["training_ratio_achieved"] == pytest.approx(32, rel=0.1)
     assert updates >= 2 * 16
+    assert result["num_env_steps_trained_lifetime"] == updates * 2 * 8
     learner = result["learners"][DEFAULT_MODULE_ID]
     for key in LOSSES + DIAGNOSTICS:
         assert np.isfinite(learner[key]), key
