@@ -487,3 +487,18 @@ def test_remote_learner_group_updates(ray_cluster):
         assert not np.allclose(remote_weights["net/w"], weights(local)["net/w"])
     finally:
         group.shutdown()
+
+
+def test_module_set_state_with_a_bad_entry_changes_nothing():
+    module = make_module(seed=1)
+    before = module.get_state()
+    bad = {"net/w": before["net/w"] + 1.0, "no/such/variable": np.zeros(1)}
+    with pytest.raises(ValueError, match="no/such/variable"):
+        module.set_state(bad)
+    np.testing.assert_array_equal(module.get_state()["net/w"], before["net/w"])
+
+
+def test_inference_only_exclusion_matches_whole_path_segments():
+    module = make_module(seed=1)
+    module.inference_only_excluded = ("ne",)  # a prefix of "net", but not a path segment
+    assert "net/w" in module.get_state(inference_only=True)
