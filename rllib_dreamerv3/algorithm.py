@@ -10,7 +10,7 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS,
 
 from rllib_dreamerv3.config import DreamerV3Config
 from rllib_dreamerv3.replay_buffer import ReplayBuffer
-from rllib_dreamerv3.spaces import action_dim
+from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
@@ -38,8 +38,7 @@ class DreamerV3(Algorithm):
         cfg = self.config
         obs_space, act_space = self.spaces[INPUT_ENV_SINGLE_SPACES]
         self.replay_buffer = ReplayBuffer(cfg.replay_capacity, cfg.batch_length_T,
-                                          obs_space.shape, obs_space.dtype if
-                                          obs_space.dtype.name == "uint8" else "float32",
+                                          obs_space.shape, obs_storage_dtype(obs_space),
                                           action_dim(act_space), seed=cfg.seed)
         self._counters = {"num_updates": 0, "env_steps_at_learning_start": None}
 

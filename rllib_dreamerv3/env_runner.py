@@ -22,7 +22,7 @@ from ray.rllib.utils.metrics import (EPISODE_LEN_MAX, EPISODE_LEN_MEAN, EPISODE_
                                      NUM_EPISODES_LIFETIME)
 
 from rllib_dreamerv3.replay_buffer import FIELDS
-from rllib_dreamerv3.spaces import action_dim, is_discrete
+from rllib_dreamerv3.spaces import action_dim, is_discrete, obs_storage_dtype
 from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
 
 WEIGHTS_SEQ_NO = "weights_seq_no"
@@ -187,9 +187,8 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         return [((self.worker_index, i), self._stack(recs)) for i, recs in enumerate(records)]
 
     def _stack(self, records):
-        obs_dtype = self.module.observation_space.dtype
         out = {key: np.asarray([r[key] for r in records]) for key in FIELDS}
-        out["obs"] = out["obs"].astype(obs_dtype if obs_dtype == np.uint8 else np.float32)
+        out["obs"] = out["obs"].astype(obs_storage_dtype(self.module.observation_space))
         out["actions"] = out["actions"].astype(np.float32)
         out["rewards"] = out["rewards"].astype(np.float32)
         return out

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_dreamerv3.spaces import action_dim
+from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
 from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
 
@@ -38,8 +38,8 @@ class DreamerV3Learner(TfLearner):
         optimizers = {name: opt for name, opt in self.get_optimizers_for_module(DEFAULT_MODULE_ID)}
         obs_space = module.observation_space
         self._signature = batch_signature(
-            obs_space.shape, tf.as_dtype(obs_space.dtype) if obs_space.dtype == np.uint8
-            else tf.float32, action_dim(module.action_space), cfg.batch_size_B, cfg.batch_length_T)
+            obs_space.shape, tf.as_dtype(obs_storage_dtype(obs_space)),
+            action_dim(module.action_space), cfg.batch_size_B, cfg.batch_length_T)
         self._update_fn = make_update_fn(module.model, optimizers, cfg, self._signature,
                                          jit_compile=cfg.jit_compile)
         self._seed_rng = np.random.default_rng(cfg.seed)

@@ -44,5 +44,10 @@ def action_dim(action_space):
     return int(action_space.shape[0])
 
 
+def obs_storage_dtype(observation_space):
+    """numpy dtype observations are stored and fed in: uint8 stays uint8, the rest float32."""
+    return np.dtype(np.uint8) if observation_space.dtype == np.uint8 else np.dtype(np.float32)
+
+
 def is_discrete(action_space):
     return isinstance(action_space, gym.spaces.Discrete)
