@@ -18,6 +18,7 @@ setup(
         "gymnasium==1.2.2",
         "ale-py>=0.10",
         "numpy>=1.26",
+        "pyyaml",
     ],
     extras_require={"test": ["pytest>=8"]},
 )
