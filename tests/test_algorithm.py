@@ -153,7 +153,7 @@ def test_env_runner_records_terminated_vs_truncated():
     # Acting steps carry one-hot actions; the final observation has none.
     np.testing.assert_array_equal(steps["actions"].sum(-1), [1, 1, 1, 0, 1, 1, 1, 0])
     metrics = runner.get_metrics()
-    assert metrics["episode_return_mean"] == pytest.approx(6.0)
+    assert float(metrics["episode_return_mean"]) == pytest.approx(6.0)
     runner.stop()
 
 
@@ -175,3 +175,10 @@ def test_policy_state_resets_on_is_first():
                                           "state_in": fresh})
     np.testing.assert_allclose(h[0], out_fresh["state_out"]["h"].numpy()[0], rtol=1e-5)
     runner.stop()
+
+
+def test_importing_the_package_registers_the_tune_trainable():
+    from ray.tune.registry import TRAINABLE_CLASS, _global_registry
+
+    assert _global_registry.contains(TRAINABLE_CLASS, "DreamerV3")
+    assert _global_registry.get(TRAINABLE_CLASS, "DreamerV3") is DreamerV3
