@@ -63,6 +63,8 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._rng = np.random.default_rng(
             None if self.config.seed is None else self.config.seed + self.worker_index)
+        if self.config.seed is not None:
+            self.module.set_policy_seed(self.config.seed + self.worker_index)
         self._pending = None  # per env: the current observation's record, waiting for an action
         self._needs_policy_reset = False  # after random-action steps the policy state is stale
 
@@ -125,14 +127,15 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                        for k, v in self.module.get_initial_state().items()}
 
     def _random_actions(self):
+        """Uniform random actions from the runner's seeded RNG: (env actions, model actions)."""
         space = self.module.action_space
-        env_actions = [space.sample() for _ in range(self.num_envs)]
         if self._discrete:
-            model_actions = np.eye(self._action_dim, dtype=np.float32)[env_actions]
-        else:
-            low, high = space.low, space.high
-            model_actions = ((np.array(env_actions) - low) / (high - low) * 2.0 - 1.0)
-        return env_actions, np.asarray(model_actions, np.float32)
+            index = self._rng.integers(self._action_dim, size=self.num_envs)
+            model_actions = np.eye(self._action_dim, dtype=np.float32)[index]
+            return index + space.start, model_actions
+        model_actions = self._rng.uniform(-1.0, 1.0, (self.num_envs, self._action_dim))
+        env_actions = space.low + (model_actions + 1.0) * 0.5 * (space.high - space.low)
+        return env_actions.astype(space.dtype), model_actions.astype(np.float32)
 
     def _policy_actions(self, explore, is_first):
         obs = np.stack([p["obs"] for p in self._pending])

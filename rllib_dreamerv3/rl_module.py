@@ -46,6 +46,10 @@ class DreamerV3RLModule(TfRLModule):
         self._seed = tf.random.Generator.from_non_deterministic_state()
         self._policy_fns = {}
 
+    def set_policy_seed(self, seed):
+        """Make the sampled latents and actions of `forward_exploration` reproducible."""
+        self._seed.reset_from_seed(seed)
+
     def get_initial_state(self):
         """Per-env recurrent state `{h, z, action}` (numpy, no batch dimension)."""
         h, z, action = self.model.initial_carry(1)
@@ -65,7 +69,7 @@ class DreamerV3RLModule(TfRLModule):
                 action, (h, z, _) = model.policy_step((h, z, action), obs, is_first, seed,
                                                       explore)
                 if model.discrete:
-                    env_action = tf.argmax(action, -1)
+                    env_action = tf.argmax(action, -1) + int(self.action_space.start)
                 else:
                     env_action = low + (action + 1.0) * 0.5 * (high - low)
                 return env_action, action, h, z

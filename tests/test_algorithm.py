@@ -182,3 +182,15 @@ def test_importing_the_package_registers_the_tune_trainable():
 
     assert _global_registry.contains(TRAINABLE_CLASS, "DreamerV3")
     assert _global_registry.get(TRAINABLE_CLASS, "DreamerV3") is DreamerV3
+
+
+def test_env_runner_sampling_is_reproducible_with_a_seed():
+    runs = []
+    for _ in range(2):
+        runner = DreamerV3EnvRunner(config=tiny_config(), worker_index=1)
+        runner.sample(num_timesteps=20, random_actions=True)
+        runs.append(runner.sample(num_timesteps=30))  # policy actions, sampled
+        runner.stop()
+    (_, a), (_, b) = runs[0][0], runs[1][0]
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
