@@ -22,7 +22,8 @@ from ray.rllib.utils.metrics import (EPISODE_LEN_MAX, EPISODE_LEN_MEAN, EPISODE_
                                      NUM_EPISODES_LIFETIME)
 
 from rllib_dreamerv3.replay_buffer import FIELDS
-from rllib_dreamerv3.spaces import action_dim, is_discrete, obs_storage_dtype
+from rllib_dreamerv3.spaces import (action_dim, is_discrete, obs_storage_dtype,
+                                    rescale_action)
 from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
 
 WEIGHTS_SEQ_NO = "weights_seq_no"
@@ -134,7 +135,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
             model_actions = np.eye(self._action_dim, dtype=np.float32)[index]
             return index + space.start, model_actions
         model_actions = self._rng.uniform(-1.0, 1.0, (self.num_envs, self._action_dim))
-        env_actions = space.low + (model_actions + 1.0) * 0.5 * (space.high - space.low)
+        env_actions = rescale_action(model_actions, space.low, space.high)
         return env_actions.astype(space.dtype), model_actions.astype(np.float32)
 
     def _policy_actions(self, explore, is_first):

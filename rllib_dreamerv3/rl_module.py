@@ -6,7 +6,7 @@ from ray.rllib.core.columns import Columns
 
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import get_model_size
-from rllib_dreamerv3.spaces import action_dim, check_spaces, is_discrete
+from rllib_dreamerv3.spaces import action_dim, check_spaces, is_discrete, rescale_action
 from rllib_dreamerv3.tf_rllib import TfRLModule
 
 IS_FIRST = "is_first"
@@ -71,7 +71,7 @@ class DreamerV3RLModule(TfRLModule):
                 if model.discrete:
                     env_action = tf.argmax(action, -1) + int(self.action_space.start)
                 else:
-                    env_action = low + (action + 1.0) * 0.5 * (high - low)
+                    env_action = rescale_action(action, low, high)
                 return env_action, action, h, z
 
             jit = bool(self.model_config.get("jit_compile", True))

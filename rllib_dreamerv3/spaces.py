@@ -44,6 +44,11 @@ def action_dim(action_space):
     return int(action_space.shape[0])
 
 
+def rescale_action(action, low, high):
+    """Map a model action in [-1, 1] to the env's `[low, high]` (numpy or TF alike)."""
+    return low + (action + 1.0) * 0.5 * (high - low)
+
+
 def obs_storage_dtype(observation_space):
     """numpy dtype observations are stored and fed in: uint8 stays uint8, the rest float32."""
     return np.dtype(np.uint8) if observation_space.dtype == np.uint8 else np.dtype(np.float32)

@@ -41,6 +41,8 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
     try:
         for _ in range(2):
             result = algo.train()
+        if num_learners == 0:  # fixed shapes: the update was traced once for all updates
+            assert algo.learner_group._learner.num_traces == 1
     finally:
         algo.stop()
     sampled = result["env_runners"]["num_env_steps_sampled_lifetime"]

@@ -6,7 +6,6 @@ version, so that a Ray upgrade only has to revisit this file.
 """
 
 import logging
-import os
 
 import tensorflow as tf
 from tensorflow.python import tf2
@@ -78,8 +77,3 @@ def apply_ray_patches():
         learner_group._get_backend_config = _tf_backend_config(learner_group._get_backend_config)
     applied.append("learner_group._get_backend_config")
     return applied
-
-
-def quiet_tf_logs():
-    """Hide TF's C++ info logs unless the user chose a level (they bury training output)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
