@@ -17,8 +17,16 @@ setup(
         "tf-keras==2.21.0",
         "gymnasium==1.2.2",
         "ale-py>=0.10",
+        "opencv-python-headless",  # gymnasium's AtariPreprocessing resizes with cv2; dream media
         "numpy>=1.26",
         "pyyaml",
+        "tensorboardX",  # Ray Tune writes TensorBoard logs only with it
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={"test": ["pytest>=8"], "video": ["moviepy"],
+                    # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
+                    "bench": ["torch==2.13.0", "pillow>=10"]},
+    # Ray 2.60 ships no `rllib` command; `rllib-dreamerv3` is the same program under a name no
+    # other package claims (the CLI warns when another installed package declares `rllib`).
+    entry_points={"console_scripts": ["rllib = rllib_dreamerv3.cli:main",
+                                      "rllib-dreamerv3 = rllib_dreamerv3.cli:main"]},
 )

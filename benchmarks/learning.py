@@ -1,10 +1,12 @@
 """Train one tuned example until its stop criterion; print one JSON line per iteration.
 
 Usage: python benchmarks/learning.py tuned_examples/cartpole.yaml [--max-minutes 60] [--seed 0]
+       [--dreams-dir benchmarks/out/dreams]
 
 Each line: iteration, env steps sampled, updates, wall seconds since the start (build included),
-episode return mean, and the world-model loss. The last line has "done": true and the reason.
-Runs in-process (no Ray Tune), with the YAML's `config` applied via `update_from_dict`.
+episode return mean, and the world-model losses. The last line has "done": true and the reason.
+Runs in-process (no Ray Tune), with the YAML's `config` applied via `update_from_dict`. Dream
+summaries (every `dream_every_n_updates` updates) are saved as PNG/MP4 under `--dreams-dir`.
 """
 
 import argparse
@@ -17,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import yaml  # noqa: E402
 
 from rllib_dreamerv3 import DreamerV3Config  # noqa: E402
+from rllib_dreamerv3.dreams import save_dreams  # noqa: E402
 
 
 def nested_get(result, path):
@@ -41,6 +44,7 @@ def main():
     parser.add_argument("yaml_file")
     parser.add_argument("--max-minutes", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dreams-dir", default=os.path.join("benchmarks", "out", "dreams"))
     args = parser.parse_args()
     with open(args.yaml_file) as f:
         experiments = yaml.safe_load(f)
@@ -62,9 +66,15 @@ def main():
             "wall_s": round(elapsed, 1),
             "episode_return_mean": nested_get(result, "env_runners/episode_return_mean"),
             **{key: learner.get(key) for key in (
-                "L_world_model", "L_continue", "actor_entropy", "critic_value_mean",
+                "L_world_model", "L_decoder", "L_continue", "actor_entropy", "critic_value_mean",
                 "imagined_continue_mean", "return_scale")},
         }, default=float), flush=True)
+        if "dreams" in result:
+            directory = os.path.join(args.dreams_dir, name)
+            paths = save_dreams(result["dreams"], directory,
+                                prefix=f"updates{result['num_updates_lifetime']}")
+            print(json.dumps({"dreams": paths, **{k: v for k, v in result["dreams"].items()
+                                                  if isinstance(v, float)}}), flush=True)
         reason = stop_reached(result, spec.get("stop", {}))
         if reason is None and elapsed > args.max_minutes * 60:
             reason = f"max_minutes={args.max_minutes}"

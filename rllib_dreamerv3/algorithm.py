@@ -3,6 +3,7 @@
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SINGLE_SPACES
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME,
@@ -14,6 +15,7 @@ from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
+DREAMS = "dreams"
 
 
 class DreamerV3(Algorithm):
@@ -23,6 +25,10 @@ class DreamerV3(Algorithm):
     `num_steps_sampled_before_learning_starts` steps are stored), adds the steps to the replay
     buffer, runs as many updates as `training_ratio` asks (replayed steps `B*T` per update over
     env steps sampled since learning started), and syncs the new weights to the EnvRunners.
+
+    Every `dream_every_n_updates` updates the iteration's results also carry `dreams`
+    (reconstructions and open-loop dreams as TensorBoard images/videos; see
+    :mod:`rllib_dreamerv3.dreams`).
 
     Checkpoints (`save_to_path` / `DreamerV3.from_checkpoint`) hold the module weights with the
     EMA critic and the return scale, the three optimisers' states, counters, metrics and, unless
@@ -40,7 +46,9 @@ class DreamerV3(Algorithm):
         self.replay_buffer = ReplayBuffer(cfg.replay_capacity, cfg.batch_length_T,
                                           obs_space.shape, obs_storage_dtype(obs_space),
                                           action_dim(act_space), seed=cfg.seed)
-        self._counters = {"num_updates": 0, "env_steps_at_learning_start": None}
+        # Ray's own counters (a defaultdict) live in the same dict: add to it, don't replace it.
+        self._counters.update(num_updates=0, env_steps_at_learning_start=None)
+        self._dreams = None  # the latest dream summaries, until `step` reports them
 
     # --- one training step --------------------------------------------------------------------
     def _env_steps_sampled(self):
@@ -87,6 +95,7 @@ class DreamerV3(Algorithm):
         target_updates = max(1, int(since_start * cfg.training_ratio / replay_per_update))
         if self._counters["num_updates"] >= target_updates:
             return
+        updates_before = self._counters["num_updates"]
         while self._counters["num_updates"] < target_updates:
             batch = self.replay_buffer.sample(cfg.batch_size_B)
             results = self.learner_group.update(
@@ -95,6 +104,9 @@ class DreamerV3(Algorithm):
                 timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled})
             self.metrics.aggregate(results, key=LEARNER_RESULTS)
             self._counters["num_updates"] += 1
+        every = cfg.dream_every_n_updates
+        if every and self._counters["num_updates"] // every > updates_before // every:
+            self._dreams = self._compute_dreams()
         self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
                                            inference_only=True)
 
@@ -112,8 +124,45 @@ class DreamerV3(Algorithm):
                                replayed / since_start if since_start > 0 else 0.0, window=1)
         self.metrics.log_dict({"num_steps_stored": len(self.replay_buffer),
                                "num_bytes": self.replay_buffer.nbytes,
+                               "capacity_bytes": self.replay_buffer.capacity_nbytes,
                                "num_steps_added_lifetime": self.replay_buffer.num_steps_added},
                               key=REPLAY_BUFFER_RESULTS, window=1)
+
+    def _compute_dreams(self):
+        """Dream summaries of a fresh replay batch, computed by the Learner (it holds the
+        decoder and heads that the EnvRunners' inference-only modules lack)."""
+        batch = self.replay_buffer.sample(self.config.batch_size_B)
+        results = self.learner_group.foreach_learner(lambda learner: learner.dreams(batch))
+        return next(iter(results)).get()
+
+    def step(self):
+        """One `train()` iteration; adds `dreams` (see :mod:`rllib_dreamerv3.dreams`) to the
+        results of the iterations in which dream summaries were computed."""
+        results = super().step()
+        if self._dreams is not None:
+            results[DREAMS] = self._dreams
+            self._dreams = None
+        return results
+
+    # --- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, parallel_train_future=None):
+        """RLlib's evaluation (`config.evaluation(...)`), always on evaluation EnvRunners.
+
+        Without `evaluation_interval` or `evaluation_num_env_runners`, RLlib would evaluate on
+        the training EnvRunner, cutting its episodes and replay streams short; a local
+        evaluation EnvRunner is created instead on the first call. Evaluation steps never reach
+        the replay buffer or the training counters. Actions are greedy unless
+        `evaluation_config={"explore": True}`.
+        """
+        if self.eval_env_runner_group is None:
+            _, env_creator = self._get_env_id_and_creator(self.evaluation_config.env,
+                                                          self.evaluation_config)
+            self.eval_env_runner_group = EnvRunnerGroup(
+                env_creator=env_creator, validate_env=None, config=self.evaluation_config,
+                default_policy_class=self.get_default_policy_class(self.config),
+                local_env_runner=True, logdir=self.logdir, tune_trial_id=self.trial_id,
+                pg_offset=self.config.num_env_runners)
+        return super().evaluate(parallel_train_future)
 
     # --- checkpoints ----------------------------------------------------------------------------
     def get_state(self, components=None, *, not_components=None, **kwargs):
@@ -126,6 +175,6 @@ class DreamerV3(Algorithm):
     def set_state(self, state):
         super().set_state(state)
         if "dreamer_counters" in state:
-            self._counters = dict(state["dreamer_counters"])
+            self._counters.update(state["dreamer_counters"])
         if "replay_buffer" in state:
             self.replay_buffer.set_state(state["replay_buffer"])

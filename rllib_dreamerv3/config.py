@@ -1,12 +1,14 @@
 """`DreamerV3Config`: every hyperparameter of SPEC §4–6, with the paper's defaults, validated."""
 
 import numbers
+import os
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_dreamerv3.model_sizes import MODEL_SIZES
-from rllib_dreamerv3.spaces import check_spaces
+from rllib_dreamerv3.replay_buffer import bytes_per_step
+from rllib_dreamerv3.spaces import action_dim, check_spaces, obs_storage_dtype
 
 # name -> (default, description). The single source of DreamerV3's hyperparameters.
 HYPERPARAMETERS = {
@@ -35,21 +37,30 @@ HYPERPARAMETERS = {
     "critic_ema_regularizer": (1.0, "weight of the critic's pull towards the slow critic"),
     "unimix": (0.01, "uniform mixture of latent and discrete-action categoricals"),
     "num_bins": (255, "two-hot bins of the reward and critic heads"),
+    "cnn_kernel": (4, "kernel size of the image encoder's and decoder's convolutions"),
     "actor_min_std": (0.1, "minimum std of the continuous actor"),
     "actor_max_std": (1.0, "maximum std of the continuous actor"),
     "replay_capacity": (1_000_000, "replay capacity in env steps (FIFO)"),
     "num_steps_sampled_before_learning_starts": (
         1024, "warm-up env steps (random actions) before the first update"),
     "store_replay_buffer_in_checkpoint": (True, "save the replay buffer with checkpoints"),
+    "dream_every_n_updates": (
+        1000, "report dream summaries (reconstructions, open-loop dreams) every N updates; 0: off"),
+    "dream_burn_in": (5, "real steps the open-loop dream observes before imagining"),
+    "dream_num_sequences": (4, "replayed sequences shown in the dream summaries (at most B)"),
+    "precision": ("float32", "matmul/conv precision: 'float32', or 'bfloat16' (mixed precision "
+                  "for GPUs: float32 variables, norms and losses; slower on most CPUs)"),
     "jit_compile": (True, "compile the update and the policy with XLA"),
     "tf_num_threads": (None, "cap TF's thread pools per process (None: TF's default)"),
 }
 
 _POSITIVE_INTS = ("training_ratio", "batch_size_B", "horizon_H", "replay_capacity",
-                  "num_bins")
+                  "num_bins", "cnn_kernel")
 _POSITIVE_FLOATS = ("world_model_lr", "actor_lr", "critic_lr", "world_model_adam_eps",
                     "actor_adam_eps", "critic_adam_eps", "world_model_grad_clip",
                     "actor_grad_clip", "critic_grad_clip", "actor_max_std")
+PRECISIONS = ("float32", "bfloat16")
+_NON_NEGATIVE_INTS = ("dream_every_n_updates",)
 _NON_NEGATIVE = ("entropy_scale", "free_bits", "pred_loss_scale", "dyn_loss_scale",
                  "rep_loss_scale", "critic_ema_regularizer", "actor_min_std",
                  "num_steps_sampled_before_learning_starts")
@@ -94,19 +105,15 @@ class DreamerV3Config(AlgorithmConfig):
         # Our EnvRunner has no connectors whose states would need merging.
         self.merge_env_runner_states = False
         self.broadcast_env_runner_states = False
+        self.evaluation_config = {"explore": False}  # greedy evaluation unless asked otherwise
 
     def training(self, **kwargs):
         """Set training hyperparameters: DreamerV3's (`HYPERPARAMETERS`) and RLlib's own.
 
-        DreamerV3 keys: `model_size`, `training_ratio`, `batch_size_B`, `batch_length_T`,
-        `horizon_H`, `gae_lambda`, `entropy_scale`, `return_normalization_decay`,
-        `world_model_lr`, `actor_lr`, `critic_lr`, `world_model_adam_eps`, `actor_adam_eps`,
-        `critic_adam_eps`, `world_model_grad_clip`, `actor_grad_clip`, `critic_grad_clip`,
-        `free_bits`, `pred_loss_scale`, `dyn_loss_scale`, `rep_loss_scale`,
-        `critic_ema_rate`, `critic_ema_regularizer`, `unimix`, `num_bins`, `actor_min_std`,
-        `actor_max_std`, `replay_capacity`, `num_steps_sampled_before_learning_starts`,
-        `store_replay_buffer_in_checkpoint`, `jit_compile`, `tf_num_threads`. Any other key
-        goes to `AlgorithmConfig.training` (e.g. `gamma`).
+        DreamerV3 keys are those of `HYPERPARAMETERS` in this module (name -> default and
+        meaning), e.g. `model_size`, `training_ratio`, `batch_size_B`, `batch_length_T`,
+        `world_model_lr`, `actor_lr`, `critic_lr`, `replay_capacity`,
+        `dream_every_n_updates`. Any other key goes to `AlgorithmConfig.training` (e.g. `gamma`).
         """
         for name in list(kwargs):
             if name in HYPERPARAMETERS:
@@ -127,7 +134,7 @@ class DreamerV3Config(AlgorithmConfig):
     @property
     def _model_config_auto_includes(self):
         keys = ("model_size", "unimix", "num_bins", "actor_min_std", "actor_max_std",
-                "jit_compile")
+                "cnn_kernel", "precision", "jit_compile")
         return super()._model_config_auto_includes | {k: getattr(self, k) for k in keys}
 
     @property
@@ -153,10 +160,18 @@ class DreamerV3Config(AlgorithmConfig):
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
                 self._value_error(f"{name}={value!r} must be a positive integer.")
+        for name in _NON_NEGATIVE_INTS:
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                self._value_error(f"{name}={value!r} must be an integer >= 0.")
+        if self.precision not in PRECISIONS:
+            self._value_error(f"precision={self.precision!r} must be one of {PRECISIONS}.")
         if (not isinstance(self.batch_length_T, numbers.Integral)
                 or isinstance(self.batch_length_T, bool) or self.batch_length_T < 2):
             self._value_error(f"batch_length_T={self.batch_length_T!r} must be an integer >= 2 "
                               "(the world model learns from transitions within sequences).")
+        if self.dream_every_n_updates:
+            self._validate_dream_values()
         for name in _POSITIVE_FLOATS:
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or not value > 0:
@@ -190,6 +205,16 @@ class DreamerV3Config(AlgorithmConfig):
         if self.is_multi_agent:
             self._value_error("DreamerV3 is single-agent; multi-agent configs are not supported.")
 
+    def _validate_dream_values(self):
+        sequences, burn_in = self.dream_num_sequences, self.dream_burn_in
+        if not (isinstance(sequences, numbers.Integral) and sequences >= 1):
+            self._value_error(f"dream_num_sequences={sequences!r} must be a positive integer.")
+        if not (isinstance(burn_in, numbers.Integral) and 1 <= burn_in < self.batch_length_T):
+            self._value_error(f"dream_burn_in={burn_in!r} must be an integer in "
+                              f"[1, batch_length_T={self.batch_length_T}): the dream observes "
+                              "that many steps, then imagines the rest (or set "
+                              "dream_every_n_updates=0 to turn dreams off).")
+
     def _validate_env_spaces(self):
         if self.env is None:
             return
@@ -201,6 +226,19 @@ class DreamerV3Config(AlgorithmConfig):
             spaces = (env.observation_space, env.action_space)
             env.close()
         check_spaces(*spaces)
+        self._validate_replay_memory(*spaces)
+
+    def _validate_replay_memory(self, observation_space, action_space):
+        """A full replay buffer must fit into this machine's memory (images: ~12 kB a step)."""
+        per_step = bytes_per_step(observation_space.shape, obs_storage_dtype(observation_space),
+                                  action_dim(action_space))
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if self.replay_capacity * per_step > memory:
+            self._value_error(
+                f"replay_capacity={self.replay_capacity} steps of {per_step} bytes need "
+                f"{self.replay_capacity * per_step / 2**30:.1f} GiB, more than this machine's "
+                f"{memory / 2**30:.1f} GiB of memory; lower replay_capacity, e.g. to "
+                f"{int(0.5 * memory / per_step)} steps (half the memory).")
 
     @property
     def steps_per_sample(self):

@@ -20,7 +20,9 @@ from ray.rllib.utils.metrics import (EPISODE_LEN_MAX, EPISODE_LEN_MEAN, EPISODE_
                                      EPISODE_RETURN_MIN, NUM_ENV_STEPS_SAMPLED,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES,
                                      NUM_EPISODES_LIFETIME)
+from ray.tune.registry import ENV_CREATOR, _global_registry
 
+from rllib_dreamerv3.atari import is_atari_id, make_atari_env
 from rllib_dreamerv3.replay_buffer import FIELDS
 from rllib_dreamerv3.spaces import (action_dim, is_discrete, obs_storage_dtype,
                                     rescale_action)
@@ -30,9 +32,15 @@ WEIGHTS_SEQ_NO = "weights_seq_no"
 
 
 def make_env(config, worker_index=0, vector_index=0):
-    """Create one env from `config.env` the way RLlib does (Tune registry, class, gym id)."""
-    _, creator = Algorithm._get_env_id_and_creator(config.env, config)
+    """Create one env from `config.env` the way RLlib does (Tune registry, class, gym id).
+
+    An ALE id not registered with Tune goes to `make_atari_env`, with `config.env_config` as its
+    settings: `"ALE/<Game>-v5"` is built as in the paper, other ALE versions are rejected.
+    """
     context = EnvContext(config.env_config, worker_index=worker_index, vector_index=vector_index)
+    if is_atari_id(config.env) and not _global_registry.contains(ENV_CREATOR, config.env):
+        return make_atari_env(config.env, context)
+    _, creator = Algorithm._get_env_id_and_creator(config.env, config)
     try:
         return creator(context)
     except Exception as err:  # gymnasium raises several error types for unknown ids
@@ -40,6 +48,29 @@ def make_env(config, worker_index=0, vector_index=0):
             f"Could not create env {config.env!r} with env_config={dict(config.env_config)}: "
             f"{err}. Give a gymnasium id (e.g. 'CartPole-v1'), an env class, or a name "
             "registered with ray.tune.register_env.") from err
+
+
+class ReplayChunk(tuple):
+    """`(stream_key, steps)` of one sub-env from one `sample()` call.
+
+    `env_steps()` / `agent_steps()` count the env steps it took (the final observation of an
+    episode is one more record but no step): RLlib's evaluation loop sums them over what
+    `sample()` returns, as it would over episodes.
+    """
+
+    def __new__(cls, stream_key, steps, num_env_steps):
+        chunk = super().__new__(cls, (stream_key, steps))
+        chunk.num_env_steps = num_env_steps
+        return chunk
+
+    def __getnewargs__(self):  # chunks are pickled on their way back from remote EnvRunners
+        return (*self, self.num_env_steps)
+
+    def env_steps(self):
+        return self.num_env_steps
+
+    def agent_steps(self):
+        return self.num_env_steps
 
 
 class DreamerV3EnvRunner(EnvRunner, Checkpointable):
@@ -126,6 +157,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._pending = [self._reset_env(i) for i in range(self.num_envs)]
         self._state = {k: np.repeat(v[None], self.num_envs, 0)
                        for k, v in self.module.get_initial_state().items()}
+        self._needs_policy_reset = False
 
     def _random_actions(self):
         """Uniform random actions from the runner's seeded RNG: (env actions, model actions)."""
@@ -145,20 +177,34 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._state = result["state_out"]
         return result["actions"].numpy(), result["actions_model"].numpy()
 
-    def sample(self, *, num_timesteps=None, explore=True, random_actions=False, **kwargs):
+    def sample(self, *, num_timesteps=None, num_episodes=None, explore=None,
+               random_actions=False, force_reset=False, **kwargs):
         """Step every sub-env `num_timesteps / num_envs` times (default: the config's amount).
 
-        Returns `[(stream_key, steps), ...]`, one chunk per sub-env (see the class docstring).
+        With `num_episodes` (RLlib's evaluation asks for it), the envs are reset first and
+        stepped until at least that many episodes have ended; episodes still running then are
+        left out of the metrics. `force_reset` also resets the envs first: the episodes in
+        progress are abandoned, and the next chunk of each stream starts with `is_first`.
+        `explore` defaults to `config.explore` (False in evaluation, see `DreamerV3Config`).
+
+        Returns `[ReplayChunk(stream_key, steps), ...]`, one chunk per sub-env (see the class
+        docstring).
         """
         if not self.envs:
             raise RuntimeError("This EnvRunner has no envs (the local runner when "
                                "num_env_runners > 0); sample from the remote runners.")
-        if self._pending is None:
+        if num_timesteps is not None and num_episodes is not None:
+            raise ValueError("Give num_timesteps or num_episodes, not both.")
+        explore = self.config.explore if explore is None else explore
+        if self._pending is None or force_reset or num_episodes is not None:
             self._start()
         steps_per_env = (-(-num_timesteps // self.num_envs) if num_timesteps
                          else self.config.steps_per_sample)
         records = [[] for _ in range(self.num_envs)]
-        for _ in range(steps_per_env):
+        steps_done = episodes_done = 0
+        while (episodes_done < num_episodes if num_episodes is not None
+               else steps_done < steps_per_env):
+            steps_done += 1
             is_first = np.array([p["is_first"] for p in self._pending])
             if random_actions:
                 env_actions, model_actions = self._random_actions()
@@ -179,16 +225,18 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                                        "rewards": reward, "is_first": False,
                                        "is_terminal": bool(terminated)})
                     self._log_episode(self._returns[i], self._lengths[i])
+                    episodes_done += 1
                     self._pending[i] = self._reset_env(i)
                 else:
                     self._pending[i] = {"obs": obs, "rewards": reward, "is_first": False,
                                         "is_terminal": False}
-        num_steps = steps_per_env * self.num_envs
+        num_steps = steps_done * self.num_envs
         self.num_env_steps_sampled_lifetime += num_steps
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum",
                                with_throughput=True)
-        return [((self.worker_index, i), self._stack(recs)) for i, recs in enumerate(records)]
+        return [ReplayChunk((self.worker_index, i), self._stack(recs), steps_done)
+                for i, recs in enumerate(records)]
 
     def _stack(self, records):
         out = {key: np.asarray([r[key] for r in records]) for key in FIELDS}

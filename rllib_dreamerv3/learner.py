@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_dreamerv3.dreams import dream_summaries, make_dream_fn
 from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
 from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
@@ -43,6 +44,7 @@ class DreamerV3Learner(TfLearner):
         self._update_fn = make_update_fn(module.model, optimizers, cfg, self._signature,
                                          jit_compile=cfg.jit_compile)
         self._seed_rng = np.random.default_rng(cfg.seed)
+        self._dream_fn = None  # built on the first `dreams` call: no cost when dreams are off
 
     @property
     def num_traces(self):
@@ -60,13 +62,30 @@ class DreamerV3Learner(TfLearner):
                     f"{tuple(spec.shape)} (B={self.config.batch_size_B}, "
                     f"T={self.config.batch_length_T}).")
 
-    def _update(self, batch, **kwargs):
-        batch = batch[DEFAULT_MODULE_ID]
+    def _inputs(self, batch):
         self._check_batch(batch)
         inputs = {key: tf.cast(batch[key], spec.dtype) for key, spec in self._signature.items()}
-        seed = tf.constant(self._seed_rng.integers(0, 2**31 - 1, 2), tf.int32)
+        return inputs, tf.constant(self._seed_rng.integers(0, 2**31 - 1, 2), tf.int32)
+
+    def dreams(self, batch):
+        """Dream summaries (:func:`~rllib_dreamerv3.dreams.dream_summaries`) of a `[B, T]`
+        replay batch: reconstructions, an open-loop dream, and their errors."""
+        cfg = self.config
+        if self._dream_fn is None:
+            self._dream_fn = make_dream_fn(
+                self.module[DEFAULT_MODULE_ID].model, self._signature, cfg.dream_burn_in,
+                min(cfg.dream_num_sequences, cfg.batch_size_B), jit_compile=cfg.jit_compile)
+        out = self._dream_fn(*self._inputs(batch))
+        return dream_summaries({key: value.numpy() for key, value in out.items()},
+                               cfg.dream_burn_in)
+
+    def _update(self, batch, **kwargs):
+        inputs, seed = self._inputs(batch[DEFAULT_MODULE_ID])
         metrics = self._update_fn(inputs, seed)
         self.metrics.log_dict(metrics, key=DEFAULT_MODULE_ID, window=1)
+        # 1 from the first update on; more would mean re-tracing (and re-compiling).
+        self.metrics.log_value((DEFAULT_MODULE_ID, "num_update_traces"), self.num_traces,
+                               window=1)
         loss = metrics["L_world_model"] + metrics["L_actor"] + metrics["L_critic"]
         return {}, {DEFAULT_MODULE_ID: loss}, {}
 

@@ -12,7 +12,8 @@ from rllib_dreamerv3 import math_ops
 sg = tf.stop_gradient
 
 
-def _time_major(x):
+def time_major(x):
+    """Swap the first two axes: `[B, T, ...]` <-> `[T, B, ...]`."""
     x = tf.convert_to_tensor(x)
     return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
 
@@ -30,15 +31,12 @@ def world_model_loss(model, batch, seeds, hp):
         `(loss, metrics, (h, z))` with the posterior states `[T, B, ...]`.
     """
     wm = model.world_model
-    obs = _time_major(tf.cast(batch["obs"], tf.float32))
-    actions = _time_major(batch["actions"])
-    rewards = _time_major(batch["rewards"])
-    is_first = _time_major(batch["is_first"])
-    cont = 1.0 - _time_major(tf.cast(batch["is_terminal"], tf.float32))
-    num_steps, batch_size = obs.shape[0], obs.shape[1]
-
-    embed = tf.reshape(wm.encoder(tf.reshape(obs, [num_steps * batch_size, -1])),
-                       [num_steps, batch_size, -1])
+    obs = time_major(batch["obs"])  # uint8 images stay uint8 until the encoder
+    actions = time_major(batch["actions"])
+    rewards = time_major(batch["rewards"])
+    is_first = time_major(batch["is_first"])
+    cont = 1.0 - time_major(tf.cast(batch["is_terminal"], tf.float32))
+    embed = wm.encoder(obs)  # [T, B, E]
     prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
     h, z, post, prior = wm.observe(embed, prev_actions, is_first, seeds)
     feat = tf.concat([h, z], -1)

@@ -12,19 +12,23 @@ class DreamerV3Model(tf.Module):
     """The networks and statistics that make up one DreamerV3 agent.
 
     Args:
-        obs_dim: size of the 1-D observation vector.
+        obs_shape: shape of one observation, `(obs_dim,)` or `(64, 64, C)` images (an int is
+            read as `(obs_dim,)`).
         action_dim: number of discrete actions, or continuous action dimensions.
         discrete: whether actions are discrete (one-hot) or continuous in `[-1, 1]`.
         size: a :class:`~rllib_dreamerv3.model_sizes.ModelSize`.
         unimix: uniform mixture of latent and discrete-action categoricals.
         num_bins: bins of the two-hot reward and value heads.
         actor_min_std, actor_max_std: bounds of the continuous actor's std.
+        cnn_kernel: kernel size of the image encoder and decoder.
     """
 
-    def __init__(self, obs_dim, action_dim, discrete, size, unimix=0.01, num_bins=255,
-                 actor_min_std=0.1, actor_max_std=1.0, name="dreamer"):
+    def __init__(self, obs_shape, action_dim, discrete, size, unimix=0.01, num_bins=255,
+                 actor_min_std=0.1, actor_max_std=1.0, cnn_kernel=4, name="dreamer"):
         super().__init__(name=name)
-        self.world_model = WorldModel(obs_dim, action_dim, size, unimix, num_bins)
+        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+        self.obs_shape = obs_shape
+        self.world_model = WorldModel(obs_shape, action_dim, size, unimix, num_bins, cnn_kernel)
         feat_dim = self.world_model.feat_dim
         self.actor = Actor(feat_dim, action_dim, discrete, size, unimix, actor_min_std,
                            actor_max_std)
@@ -47,7 +51,7 @@ class DreamerV3Model(tf.Module):
 
         Args:
             carry: `(h [N, D], z [N, K*C], previous action [N, A])`.
-            obs: `[N, obs_dim]`; is_first: `[N]` bool, resets the carry of those envs.
+            obs: `[N, *obs_shape]`; is_first: `[N]` bool, resets the carry of those envs.
             seed: `[2]` int32 stateless seed. explore: sample (True) or act greedily (False).
 
         Returns:

@@ -1,7 +1,7 @@
 """Building blocks shared by the world model, actor and critic (SPEC §2).
 
-Every hidden layer is `Dense without bias -> LayerNorm -> SiLU` (:class:`DenseBlock`); output
-layers have a bias. Networks are plain `tf.Module`s holding `tf.Variable`s, so that one compiled
+Every hidden layer is `Dense (or Conv) without bias -> LayerNorm -> SiLU` (:class:`DenseBlock`,
+:class:`ConvBlock`); output layers have a bias. Networks are plain `tf.Module`s holding `tf.Variable`s, so that one compiled
 function can read and update all of them.
 """
 
@@ -11,13 +11,34 @@ import tensorflow as tf
 
 
 def _glorot_uniform(shape):
-    fan_in, fan_out = shape[0], shape[-1]
+    """Glorot-uniform init of a dense `[in, out]` or conv `[k, k, in, out]` kernel."""
+    receptive = math.prod(shape[:-2])
+    fan_in, fan_out = receptive * shape[-2], receptive * shape[-1]
     limit = math.sqrt(6.0 / (fan_in + fan_out))
     return tf.random.uniform(shape, -limit, limit)
 
 
+def set_matmul_dtype(module, dtype):
+    """Run the matmuls and convolutions of every :class:`Dense` and :class:`Conv` inside
+    `module` in `dtype` (e.g. `tf.bfloat16` on GPUs). Variables, normalisation, activations
+    and outputs stay float32 (mixed precision)."""
+    for sub in module.submodules:
+        if isinstance(sub, (Dense, Conv)):
+            sub.matmul_dtype = tf.as_dtype(dtype)
+
+
+def _in(dtype, *tensors):
+    return [t if t.dtype == dtype else tf.cast(t, dtype) for t in tensors]
+
+
+def _out(y):
+    return y if y.dtype == tf.float32 else tf.cast(y, tf.float32)
+
+
 class Dense(tf.Module):
     """`x @ w (+ b)`; `zero_init` starts the output at exactly zero (reward and critic heads)."""
+
+    matmul_dtype = tf.float32  # see `set_matmul_dtype`
 
     def __init__(self, in_units, out_units, bias=True, zero_init=False, name=None):
         super().__init__(name=name)
@@ -26,7 +47,8 @@ class Dense(tf.Module):
         self.b = tf.Variable(tf.zeros([out_units]), name="b") if bias else None
 
     def __call__(self, x):
-        y = tf.matmul(x, self.w) if x.shape.rank == 2 else tf.tensordot(x, self.w, 1)
+        x, w = _in(self.matmul_dtype, x, self.w)
+        y = _out(tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1))
         return y + self.b if self.b is not None else y
 
 
@@ -54,6 +76,50 @@ class DenseBlock(tf.Module):
 
     def __call__(self, x):
         return tf.nn.silu(self.norm(self.dense(x)))
+
+
+class Conv(tf.Module):
+    """2-D convolution on `[N, H, W, C]`, stride `stride`, "same" padding.
+
+    `transpose=True` is the transposed convolution that multiplies height and width by `stride`
+    (the decoder's upsampling step).
+    """
+
+    matmul_dtype = tf.float32  # see `set_matmul_dtype`
+
+    def __init__(self, in_channels, out_channels, kernel, stride, transpose=False, bias=True,
+                 name=None):
+        super().__init__(name=name)
+        self.stride, self.transpose, self.out_channels = stride, transpose, out_channels
+        shape = ([kernel, kernel, out_channels, in_channels] if transpose
+                 else [kernel, kernel, in_channels, out_channels])
+        self.w = tf.Variable(_glorot_uniform(shape), name="w")
+        self.b = tf.Variable(tf.zeros([out_channels]), name="b") if bias else None
+
+    def __call__(self, x):
+        x, w = _in(self.matmul_dtype, x, self.w)
+        if self.transpose:
+            n, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
+            out_shape = tf.stack([n, height * self.stride, width * self.stride,
+                                  self.out_channels])
+            y = tf.nn.conv2d_transpose(x, w, out_shape, self.stride, padding="SAME")
+        else:
+            y = tf.nn.conv2d(x, w, self.stride, padding="SAME")
+        y = _out(y)
+        return y + self.b if self.b is not None else y
+
+
+class ConvBlock(tf.Module):
+    """The hidden layer of the CNNs: Conv (or transposed Conv) without bias -> LayerNorm over
+    channels -> SiLU."""
+
+    def __init__(self, in_channels, out_channels, kernel, stride, transpose=False, name=None):
+        super().__init__(name=name)
+        self.conv = Conv(in_channels, out_channels, kernel, stride, transpose, bias=False)
+        self.norm = LayerNorm(out_channels)
+
+    def __call__(self, x):
+        return tf.nn.silu(self.norm(self.conv(x)))
 
 
 class MLP(tf.Module):

@@ -17,6 +17,12 @@ import numpy as np
 FIELDS = ("obs", "actions", "rewards", "is_first", "is_terminal")
 
 
+def bytes_per_step(obs_shape, obs_dtype, action_dim):
+    """Bytes one stored step takes: observation, action, reward, flags and bookkeeping."""
+    obs = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    return obs + 4 * action_dim + 4 + 2 + 3 * 8  # + reward, 2 flags, 3 int64 index arrays
+
+
 class ReplayBuffer:
     """FIFO, step-capacity replay of per-env streams with uniform `[B, T]` sequence sampling.
 
@@ -42,6 +48,7 @@ class ReplayBuffer:
             "is_first": np.zeros(self.capacity, bool),
             "is_terminal": np.zeros(self.capacity, bool),
         }
+        self.bytes_per_step = bytes_per_step(obs_shape, obs_dtype, action_dim)
         self._stream = np.full(self.capacity, -1, np.int64)  # stream id per slot, -1 = empty
         self._index = np.zeros(self.capacity, np.int64)  # position of the step in its stream
         self._next_slot = np.zeros(self.capacity, np.int64)
@@ -64,8 +71,14 @@ class ReplayBuffer:
 
     @property
     def nbytes(self):
-        """Memory held by the stored fields, in bytes."""
-        return sum(a.nbytes for a in self._data.values())
+        """Bytes of the stored steps (all fields). The arrays are allocated for `capacity` steps
+        up front, but the OS only commits the pages that steps were written to."""
+        return self._size * self.bytes_per_step
+
+    @property
+    def capacity_nbytes(self):
+        """Bytes the buffer holds when full."""
+        return self.capacity * self.bytes_per_step
 
     def add(self, stream_key, steps):
         """Append `steps` (dict of arrays `[N, ...]` with the keys of `FIELDS`) to a stream.

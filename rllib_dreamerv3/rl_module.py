@@ -1,11 +1,11 @@
 """`DreamerV3RLModule`: world model, actor, critic and EMA critic as one TF2 RLModule."""
 
-import numpy as np
 import tensorflow as tf
 from ray.rllib.core.columns import Columns
 
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import get_model_size
+from rllib_dreamerv3.networks import set_matmul_dtype
 from rllib_dreamerv3.spaces import action_dim, check_spaces, is_discrete, rescale_action
 from rllib_dreamerv3.tf_rllib import TfRLModule
 
@@ -34,7 +34,7 @@ class DreamerV3RLModule(TfRLModule):
         check_spaces(self.observation_space, self.action_space)
         cfg = self.model_config
         self.model = DreamerV3Model(
-            obs_dim=int(np.prod(self.observation_space.shape)),
+            obs_shape=self.observation_space.shape,
             action_dim=action_dim(self.action_space),
             discrete=is_discrete(self.action_space),
             size=get_model_size(cfg.get("model_size", "XS")),
@@ -42,7 +42,10 @@ class DreamerV3RLModule(TfRLModule):
             num_bins=cfg.get("num_bins", 255),
             actor_min_std=cfg.get("actor_min_std", 0.1),
             actor_max_std=cfg.get("actor_max_std", 1.0),
+            cnn_kernel=cfg.get("cnn_kernel", 4),
         )
+        if cfg.get("precision", "float32") != "float32":
+            set_matmul_dtype(self.model, cfg["precision"])
         self._seed = tf.random.Generator.from_non_deterministic_state()
         self._policy_fns = {}
 
@@ -65,7 +68,6 @@ class DreamerV3RLModule(TfRLModule):
                 high = tf.constant(self.action_space.high, tf.float32)
 
             def policy(obs, is_first, h, z, action, seed):
-                obs = tf.reshape(tf.cast(obs, tf.float32), [tf.shape(obs)[0], -1])
                 action, (h, z, _) = model.policy_step((h, z, action), obs, is_first, seed,
                                                       explore)
                 if model.discrete:

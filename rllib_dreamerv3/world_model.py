@@ -7,66 +7,38 @@ flattened), features `[h, z]` feed every head. Sequences are processed time-majo
 import tensorflow as tf
 
 from rllib_dreamerv3 import math_ops, random_ops
+from rllib_dreamerv3.encoders import make_encoder_decoder
 from rllib_dreamerv3.networks import MLP, DenseBlock, GRUCell
-
-
-class VectorEncoder(tf.Module):
-    """symlog(obs) -> MLP: `[N, obs_dim]` -> `[N, dense_units]`."""
-
-    def __init__(self, obs_dim, size, name=None):
-        super().__init__(name=name)
-        self.mlp = MLP(obs_dim, size.dense_units, size.mlp_layers)
-        self.out_units = self.mlp.out_units
-
-    def __call__(self, obs):
-        return self.mlp(math_ops.symlog(obs))
-
-
-class VectorDecoder(tf.Module):
-    """Features -> MLP -> symlog(obs) prediction; its loss is the symlog squared error."""
-
-    def __init__(self, feat_dim, obs_dim, size, name=None):
-        super().__init__(name=name)
-        self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=obs_dim)
-
-    def __call__(self, feat):
-        return self.mlp(feat)
-
-    def loss(self, feat, obs):
-        """`-ln p(x|s)` up to a constant: squared error in symlog space, summed over features."""
-        return tf.reduce_sum(tf.square(self(feat) - math_ops.symlog(obs)), -1)
-
-    def predict(self, feat):
-        """Observation prediction in real space."""
-        return math_ops.symexp(self(feat))
 
 
 class WorldModel(tf.Module):
     """Encoder, RSSM and the decoder, reward and continue heads.
 
     Args:
-        obs_dim: size of the (1-D) observation vector.
+        obs_shape: shape of one observation: `(obs_dim,)` for vectors, `(64, 64, C)` for images.
         action_dim: number of discrete actions (actions are one-hot) or continuous action dims.
         size: a :class:`~rllib_dreamerv3.model_sizes.ModelSize`.
         unimix: uniform mixture weight of the latent categoricals.
         num_bins: bins of the two-hot reward head.
+        cnn_kernel: kernel size of the image encoder's and decoder's convolutions.
     """
 
-    def __init__(self, obs_dim, action_dim, size, unimix=0.01, num_bins=255, name=None):
+    def __init__(self, obs_shape, action_dim, size, unimix=0.01, num_bins=255, cnn_kernel=4,
+                 name=None):
         super().__init__(name=name)
         self.size = size
         self.unimix = unimix
         self.stoch_shape = (size.num_categoricals, size.num_classes)
         self.stoch_dim = size.num_categoricals * size.num_classes
         self.feat_dim = size.gru_units + self.stoch_dim
-        self.encoder = VectorEncoder(obs_dim, size)
+        self.encoder, self.decoder = make_encoder_decoder(obs_shape, self.feat_dim, size,
+                                                          cnn_kernel)
         self.gru_input = DenseBlock(self.stoch_dim + action_dim, size.dense_units)
         self.gru = GRUCell(size.dense_units, size.gru_units)
         self.h0_raw = tf.Variable(tf.zeros([size.gru_units]), name="h0_raw")
         self.prior_net = MLP(size.gru_units, size.dense_units, 1, out_units=self.stoch_dim)
         self.posterior_net = MLP(size.gru_units + self.encoder.out_units, size.dense_units, 1,
                                  out_units=self.stoch_dim)
-        self.decoder = VectorDecoder(self.feat_dim, obs_dim, size)
         self.reward_head = MLP(self.feat_dim, size.dense_units, size.mlp_layers,
                                out_units=num_bins, zero_init_out=True)
         self.continue_head = MLP(self.feat_dim, size.dense_units, size.mlp_layers, out_units=1)

@@ -43,6 +43,7 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
             result = algo.train()
         if num_learners == 0:  # fixed shapes: the update was traced once for all updates
             assert algo.learner_group._learner.num_traces == 1
+        assert result["learners"][DEFAULT_MODULE_ID]["num_update_traces"] == 1
     finally:
         algo.stop()
     sampled = result["env_runners"]["num_env_steps_sampled_lifetime"]
@@ -57,6 +58,29 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
         assert np.isfinite(learner[key]), key
     assert result["replay_buffer"]["num_steps_stored"] >= sampled
     assert result["replay_buffer"]["num_bytes"] > 0
+    assert "dreams" not in result  # dream summaries come every 1000 updates by default
+
+
+def test_pong_trains_two_iterations_with_uint8_frames_and_dreams():
+    config = tiny_config("ALE/Pong-v5", dream_every_n_updates=32, dream_num_sequences=1,
+                         dream_burn_in=3, replay_capacity=10_000)
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+        assert algo.replay_buffer.sample(1)["obs"].dtype == np.uint8
+    finally:
+        algo.stop()
+    result = results[-1]
+    assert result["num_updates_lifetime"] >= 32
+    assert np.isfinite(result["learners"][DEFAULT_MODULE_ID]["L_decoder"])
+    stored = result["replay_buffer"]["num_steps_stored"]
+    per_step = 64 * 64 * 3 + 18 * 4 + 4 + 2 + 24  # frame, one-hot action, reward, flags, index
+    assert result["replay_buffer"]["num_bytes"] == stored * per_step
+    assert result["replay_buffer"]["capacity_bytes"] == 10_000 * per_step
+    dreams = next(r["dreams"] for r in results if "dreams" in r)
+    assert dreams["video"].shape == (1, 8, 3, 64, 3 * 64)
+    assert dreams["reconstruction"].shape == (3, 2 * 64, 8 * 64)
+    assert np.isfinite(dreams["obs_mse_open_loop"])
 
 
 def test_training_step_warm_up_then_ratio():

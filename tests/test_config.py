@@ -1,5 +1,7 @@
 """DreamerV3Config: the paper's defaults, and a clear early error for every bad value."""
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -52,11 +54,15 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
     ("unimix", 1.0, "unimix=1.0 must lie in [0.0, 1.0)"),
     ("replay_capacity", 10, "replay_capacity=10 must hold at least one sequence"),
     ("actor_min_std", 2.0, "actor_min_std=2.0 must be smaller than actor_max_std"),
+    ("cnn_kernel", 0, "cnn_kernel=0 must be a positive integer"),
+    ("dream_every_n_updates", -1, "dream_every_n_updates=-1 must be an integer >= 0"),
+    ("dream_burn_in", 64, "dream_burn_in=64 must be an integer in [1, batch_length_T=64)"),
+    ("dream_num_sequences", 0, "dream_num_sequences=0 must be a positive integer"),
+    ("precision", "float16", "precision='float16' must be one of ('float32', 'bfloat16')"),
 ])
 def test_bad_values_are_named(key, value, message):
     config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         config.validate()
 
 
@@ -107,9 +113,35 @@ def _env_with(obs_space, act_space):
      "Unsupported action space MultiDiscrete"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2), "Unsupported action space Multi"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.Box(-np.inf, np.inf, (2,)), "infinite bounds"),
+    (gym.spaces.Box(0, 255, (84, 84, 3), np.uint8), gym.spaces.Discrete(2),
+     r"Unsupported image shape \(84, 84, 3\).*ResizeObservation\(env, \(64, 64\)\)"),
+    (gym.spaces.Box(0, 255, (64, 64, 4), np.uint8), gym.spaces.Discrete(2),
+     r"Unsupported image shape \(64, 64, 4\)"),
+    (gym.spaces.Box(0, 255, (3, 64, 64), np.uint8), gym.spaces.Discrete(2),
+     r"channels-first \(3, 64, 64\)"),
+    (gym.spaces.Box(0, 1, (64, 64, 3), np.float32), gym.spaces.Discrete(2),
+     "dtype float32; DreamerV3 needs uint8"),
+    (gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
+                      "vector": gym.spaces.Box(0, 1, (3,))}), gym.spaces.Discrete(2),
+     "Dict observations .* are not supported"),
 ])
 def test_unsupported_spaces_list_what_is_supported(obs_space, act_space, message):
     config = DreamerV3Config().environment(_env_with(obs_space, act_space))
     with pytest.raises(ValueError, match=message) as info:
         config.validate()
     assert "Discrete(n) or a 1-D Box" in str(info.value)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_64x64_uint8_images_are_supported(channels):
+    obs_space = gym.spaces.Box(0, 255, (64, 64, channels), np.uint8)
+    DreamerV3Config().environment(_env_with(obs_space, gym.spaces.Discrete(3))).validate()
+
+
+def test_replay_capacity_beyond_memory_is_rejected():
+    obs_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    config = (DreamerV3Config().environment(_env_with(obs_space, gym.spaces.Discrete(3)))
+              .training(replay_capacity=10**9))  # 64*64*3 + 3 actions*4 + 4 + 2 + 24 bytes a step
+    with pytest.raises(ValueError, match=r"replay_capacity=1000000000 steps of 12330 bytes "
+                                         r"need .* GiB, more than this machine's"):
+        config.validate()

@@ -10,6 +10,7 @@ from rllib_dreamerv3 import losses, random_ops
 from rllib_dreamerv3.config import HYPERPARAMETERS
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
+from rllib_dreamerv3.networks import set_matmul_dtype
 from rllib_dreamerv3.tf_rllib import make_adam
 from rllib_dreamerv3.update import batch_signature, make_update_fn
 
@@ -53,7 +54,7 @@ def build(size="nano", discrete=True, seed=0, obs_dim=3, num_actions=2):
 @pytest.mark.parametrize("size", list(MODEL_SIZES))
 def test_output_shapes_for_every_size(size):
     dims = get_model_size(size)
-    model = DreamerV3Model(obs_dim=5, action_dim=3, discrete=True, size=dims)
+    model = DreamerV3Model(obs_shape=(5,), action_dim=3, discrete=True, size=dims)
     n = 2
     carry = model.initial_carry(n)
     action, (h, z, prev) = model.policy_step(
@@ -75,7 +76,7 @@ def test_output_shapes_for_every_size(size):
 
 def test_hidden_layers_follow_the_size_table():
     dims = get_model_size("S")
-    model = DreamerV3Model(obs_dim=4, action_dim=2, discrete=True, size=dims)
+    model = DreamerV3Model(obs_shape=(4,), action_dim=2, discrete=True, size=dims)
     assert len(model.actor.mlp.blocks) == dims.mlp_layers == 2
     assert model.actor.mlp.blocks[0].dense.w.shape[1] == 512
     assert model.actor.mlp.blocks[0].dense.b is None  # hidden Dense layers have no bias
@@ -174,3 +175,45 @@ def test_actor_loss_only_updates_actor_and_critic_only_critic():
     assert np.isfinite(float(metrics["L_actor"])) and np.isfinite(float(metrics["L_critic"]))
     assert any(not np.allclose(a, v) for a, v in zip(actor_before, model.actor.variables))
     assert any(not np.allclose(c, v) for c, v in zip(critic_before, model.critic.variables))
+
+
+def image_batch(seed=0, num_actions=2):
+    batch = make_batch(seed, num_actions=num_actions)
+    rng = np.random.default_rng(seed)
+    batch["obs"] = rng.integers(0, 256, (B, T, 16, 16, 3), dtype=np.uint8)
+    return batch
+
+
+def test_compiled_update_matches_eager_on_images():
+    """The CNN path too: one compiled update equals the eager one (16x16 frames keep it fast)."""
+    results = []
+    for jit in (True, False):
+        tf.random.set_seed(4)
+        model = DreamerV3Model((16, 16, 3), 2, True, get_model_size("nano"))
+        optimizers = {name: make_adam(3e-4, 1e-5, getattr(model, name).trainable_variables)
+                      for name in ("world_model", "actor", "critic")}
+        sig = batch_signature((16, 16, 3), tf.uint8, 2, B, T)
+        fn = make_update_fn(model, optimizers, hparams(), sig, jit_compile=jit)
+        update = fn if jit else fn.python_function
+        metrics = update(image_batch(), tf.constant([5, 7]))
+        results.append((metrics, [v.numpy() for v in model.variables]))
+    (m_jit, w_jit), (m_eager, w_eager) = results
+    assert float(m_jit["L_decoder"]) > 0
+    for key in m_jit:
+        np.testing.assert_allclose(m_jit[key], m_eager[key], rtol=2e-3, atol=2e-4, err_msg=key)
+    for a, b in zip(w_jit, w_eager):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_bfloat16_matmuls_stay_close_to_float32():
+    losses_by_dtype = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        model, _ = build(seed=5)
+        set_matmul_dtype(model, dtype)
+        loss, metrics, (h, _) = losses.world_model_loss(
+            model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
+        assert h.dtype == tf.float32  # states, norms and losses stay float32
+        losses_by_dtype[dtype] = float(metrics["L_decoder"])
+    f32, bf16 = losses_by_dtype[tf.float32], losses_by_dtype[tf.bfloat16]
+    assert f32 != bf16  # the matmuls really ran in bfloat16 ...
+    assert bf16 == pytest.approx(f32, rel=0.05)  # ... with bfloat16's ~3 significant digits

@@ -77,7 +77,9 @@ def test_images_stay_uint8_and_nbytes():
     buf.add(0, steps)
     batch = buf.sample(2)
     assert batch["obs"].dtype == np.uint8 and batch["obs"].shape == (2, 4, 64, 64, 3)
-    assert buf.nbytes >= 50 * 64 * 64 * 3
+    # 10 stored steps of 64*64*3 pixels + 2 actions * 4 + reward 4 + 2 flags + 3 * 8 index.
+    assert buf.nbytes == 10 * (64 * 64 * 3 + 8 + 4 + 2 + 24)
+    assert buf.capacity_nbytes == 50 * (64 * 64 * 3 + 8 + 4 + 2 + 24)
 
 
 def test_cannot_sample_before_t_steps():

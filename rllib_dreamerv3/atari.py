@@ -1,0 +1,86 @@
+"""Atari environments as in the DreamerV3 paper (SPEC §7), built from ale-py and gymnasium.
+
+`make_atari_env("ALE/Pong-v5", env_config)` gives an env with the full 18-action set, sticky
+actions (p = 0.25, applied by the ALE on every emulator frame), action repeat 4 with the last
+two frames max-pooled, 64×64 uint8 RGB observations (area interpolation), no life-loss signal,
+no no-op starts, and episodes truncated (not terminated) after 108,000 emulator frames. One
+`step` is one agent step: 4 emulator frames. ale-py ships the ROMs.
+
+Ids in the `ALE/` namespace are Atari ids here: v5 is built as above, other versions are
+rejected rather than silently given the paper's setup. Legacy ids without the namespace (e.g.
+`PongNoFrameskip-v4`) are not Atari ids here; they reach gymnasium unchanged.
+"""
+
+import difflib
+import re
+
+import gymnasium as gym
+
+# name -> (default, description). The only settings of an Atari env; everything else is fixed.
+ENV_CONFIG = {
+    "protocol": ("atari", ("'atari': sticky actions with p = 0.25 (the paper's Atari setup); "
+                           "'atari100k': no sticky actions (the Atari100k benchmark)")),
+    "grayscale": (False, ("True: one gray channel, observations (64, 64, 1); "
+                          "False: RGB, observations (64, 64, 3)")),
+}
+STICKY_ACTION_PROBABILITY = {"atari": 0.25, "atari100k": 0.0}
+ACTION_REPEAT = 4
+SCREEN_SIZE = 64
+MAX_FRAMES_PER_EPISODE = 108_000  # 30 minutes of play at 60 frames per second
+
+_ATARI_ID = re.compile(r"(?:ale_py:)?ALE/(?P<game>\w+)-v(?P<version>\d+)")
+
+
+def is_atari_id(env):
+    """Whether `env` is an ALE id, `"ALE/<Game>-v<N>"` (optionally prefixed `"ale_py:"`)."""
+    return isinstance(env, str) and _ATARI_ID.fullmatch(env) is not None
+
+
+def atari_settings(env_config=None):
+    """`env_config` checked and completed with `ENV_CONFIG`'s defaults; `ValueError` if bad."""
+    env_config = dict(env_config or {})
+    for key in env_config:
+        if key not in ENV_CONFIG:
+            close = difflib.get_close_matches(str(key), list(ENV_CONFIG), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            valid = "; ".join(f"{name!r} (default {default!r}): {doc}"
+                              for name, (default, doc) in ENV_CONFIG.items())
+            raise ValueError(f"Unknown Atari env_config key {key!r}.{hint} Valid keys: {valid}.")
+    settings = {name: env_config.get(name, default) for name, (default, _) in ENV_CONFIG.items()}
+    if settings["protocol"] not in STICKY_ACTION_PROBABILITY:
+        raise ValueError(f"Atari env_config protocol={settings['protocol']!r} is unknown; use "
+                         f"one of {list(STICKY_ACTION_PROBABILITY)}.")
+    if not isinstance(settings["grayscale"], bool):
+        raise ValueError(f"Atari env_config grayscale={settings['grayscale']!r} must be True "
+                         "or False.")
+    return settings
+
+
+def make_atari_env(env_id, env_config=None):
+    """The Atari env `env_id` (`"ALE/<Game>-v5"`) set up as in the paper; see the module doc."""
+    match = _ATARI_ID.fullmatch(env_id) if isinstance(env_id, str) else None
+    if match is None:
+        raise ValueError(f"{env_id!r} is not an Atari id; give one like 'ALE/Pong-v5'.")
+    settings = atari_settings(env_config)
+    game_id = f"ALE/{match['game']}-v5"
+    if match["version"] != "5":
+        raise ValueError(f"{env_id!r}: only the ALE's v5 ids are supported; use {game_id!r} "
+                         "(frame skip, sticky actions and action set are set as in the paper).")
+    import ale_py
+
+    gym.register_envs(ale_py)
+    if game_id not in gym.registry:
+        known = [name for name in gym.registry if _ATARI_ID.fullmatch(name)]
+        close = difflib.get_close_matches(game_id, known, n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"Unknown Atari game {env_id!r}.{hint} ale-py has {len(known)} games, "
+                         "e.g. 'ALE/Pong-v5', 'ALE/Breakout-v5'.")
+    # Frame skipping is left to AtariPreprocessing (frameskip=1 here) so that it can max-pool
+    # the last two frames; the ALE then applies sticky actions on every emulator frame.
+    env = gym.make(game_id, frameskip=1, full_action_space=True,
+                   repeat_action_probability=STICKY_ACTION_PROBABILITY[settings["protocol"]],
+                   max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE)
+    return gym.wrappers.AtariPreprocessing(
+        env, noop_max=0, frame_skip=ACTION_REPEAT, screen_size=SCREEN_SIZE,
+        terminal_on_life_loss=False, grayscale_obs=settings["grayscale"],
+        grayscale_newaxis=True, scale_obs=False)

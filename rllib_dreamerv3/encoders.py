@@ -1,0 +1,136 @@
+"""Observation encoders and decoders (SPEC §2): an MLP for vectors, a CNN for 64×64 images.
+
+Every encoder maps observations `[..., *obs_shape]` to embeddings `[..., out_units]`; every
+decoder maps features `[..., F]` to its prediction, and its `loss` is `-ln p(x|s)` up to a
+constant, `[...]`. :func:`make_encoder_decoder` picks the pair for an observation shape.
+"""
+
+import math
+from itertools import pairwise
+
+import tensorflow as tf
+
+from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3.networks import MLP, Conv, ConvBlock, Dense
+
+# The CNNs halve the resolution with every stride-2 layer until the image is this small.
+CNN_MIN_RESOLUTION = 4
+
+
+def _flatten_leading(x, inner_rank):
+    """`[..., *inner]` -> `[N, *inner]`, and the leading shape to restore it."""
+    lead = tf.shape(x)[:x.shape.rank - inner_rank]
+    return tf.reshape(x, [-1, *x.shape[x.shape.rank - inner_rank:]]), lead
+
+
+def _restore_leading(x, lead, inner_rank):
+    inner = tf.shape(x)[x.shape.rank - inner_rank:] if inner_rank else []
+    return tf.reshape(x, tf.concat([lead, inner], 0))
+
+
+class VectorEncoder(tf.Module):
+    """symlog(obs) -> MLP: `[..., obs_dim]` -> `[..., dense_units]`."""
+
+    def __init__(self, obs_dim, size, name=None):
+        super().__init__(name=name)
+        self.mlp = MLP(obs_dim, size.dense_units, size.mlp_layers)
+        self.out_units = self.mlp.out_units
+
+    def __call__(self, obs):
+        x, lead = _flatten_leading(tf.cast(obs, tf.float32), 1)
+        return _restore_leading(self.mlp(math_ops.symlog(x)), lead, 1)
+
+
+class VectorDecoder(tf.Module):
+    """Features -> MLP -> symlog(obs) prediction; its loss is the symlog squared error."""
+
+    def __init__(self, feat_dim, obs_dim, size, name=None):
+        super().__init__(name=name)
+        self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=obs_dim)
+
+    def __call__(self, feat):
+        x, lead = _flatten_leading(feat, 1)
+        return _restore_leading(self.mlp(x), lead, 1)
+
+    def loss(self, feat, obs):
+        """Squared error in symlog space, summed over the observation's entries."""
+        return tf.reduce_sum(tf.square(self(feat) - math_ops.symlog(tf.cast(obs, tf.float32))), -1)
+
+    def predict(self, feat):
+        """Observation prediction in real space."""
+        return math_ops.symexp(self(feat))
+
+
+def _cnn_channels(image_size, multiplier):
+    """`d, 2d, 4d, ...`: one entry per stride-2 layer from `image_size` down to 4×4."""
+    num_layers = int(math.log2(image_size // CNN_MIN_RESOLUTION))
+    return [multiplier * 2**i for i in range(num_layers)]
+
+
+class ImageEncoder(tf.Module):
+    """CNN on uint8 images `[..., H, W, C]` (pixels centred: `x / 255 - 0.5`).
+
+    Layers: :class:`~rllib_dreamerv3.networks.ConvBlock` with `d, 2d, 4d, 8d` channels for the
+    size's multiplier `d`, kernel `kernel`, stride 2, "same" padding: 64×64 -> 4×4. The output,
+    `[..., 4 * 4 * 8d]`, is the flattened last feature map.
+    """
+
+    def __init__(self, obs_shape, size, kernel=4, name=None):
+        super().__init__(name=name)
+        self.obs_shape = tuple(obs_shape)
+        channels = [self.obs_shape[-1]] + _cnn_channels(self.obs_shape[0], size.cnn_multiplier)
+        self.blocks = [ConvBlock(cin, cout, kernel, 2)
+                       for cin, cout in pairwise(channels)]
+        self.out_units = CNN_MIN_RESOLUTION**2 * channels[-1]
+
+    def __call__(self, obs):
+        x, lead = _flatten_leading(obs, 3)
+        x = tf.cast(x, tf.float32) / 255.0 - 0.5
+        for block in self.blocks:
+            x = block(x)
+        return _restore_leading(tf.reshape(x, [-1, self.out_units]), lead, 1)
+
+
+class ImageDecoder(tf.Module):
+    """Transposed CNN mirroring :class:`ImageEncoder`: features -> centred pixels `[..., H, W, C]`.
+
+    A dense layer maps the features to a 4×4×8d map; transposed ConvBlocks with `4d, 2d, d`
+    channels upsample it, and a last transposed conv (with bias, no norm) outputs the image.
+    The loss is the squared error on centred pixels `x / 255 - 0.5`, summed over pixels.
+    """
+
+    def __init__(self, feat_dim, obs_shape, size, kernel=4, name=None):
+        super().__init__(name=name)
+        self.obs_shape = tuple(obs_shape)
+        channels = _cnn_channels(self.obs_shape[0], size.cnn_multiplier)[::-1]  # 8d ... d
+        self.start_channels = channels[0]
+        self.dense = Dense(feat_dim, CNN_MIN_RESOLUTION**2 * channels[0])
+        self.blocks = [ConvBlock(cin, cout, kernel, 2, transpose=True)
+                       for cin, cout in pairwise(channels)]
+        self.out = Conv(channels[-1], self.obs_shape[-1], kernel, 2, transpose=True)
+
+    def __call__(self, feat):
+        x, lead = _flatten_leading(feat, 1)
+        x = tf.reshape(self.dense(x), [-1, CNN_MIN_RESOLUTION, CNN_MIN_RESOLUTION,
+                                       self.start_channels])
+        for block in self.blocks:
+            x = block(x)
+        return _restore_leading(self.out(x), lead, 3)
+
+    def loss(self, feat, obs):
+        target = tf.cast(obs, tf.float32) / 255.0 - 0.5
+        return tf.reduce_sum(tf.square(self(feat) - target), [-3, -2, -1])
+
+    def predict(self, feat):
+        """Predicted image as uint8 pixels."""
+        pixels = tf.clip_by_value((self(feat) + 0.5) * 255.0, 0.0, 255.0)
+        return tf.cast(tf.round(pixels), tf.uint8)
+
+
+def make_encoder_decoder(obs_shape, feat_dim, size, cnn_kernel=4):
+    """`(encoder, decoder)` for observations of `obs_shape`: 1-D vectors or `(H, W, C)` images."""
+    if len(obs_shape) == 3:
+        return (ImageEncoder(obs_shape, size, cnn_kernel, name="encoder"),
+                ImageDecoder(feat_dim, obs_shape, size, cnn_kernel, name="decoder"))
+    return (VectorEncoder(obs_shape[0], size, name="encoder"),
+            VectorDecoder(feat_dim, obs_shape[0], size, name="decoder"))

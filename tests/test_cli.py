@@ -1,0 +1,287 @@
+"""The `rllib` command: end to end in a subprocess, every error path, help, the entry point."""
+
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import pickle
+import re
+import subprocess
+import sys
+import sysconfig
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from rllib_dreamerv3 import cli
+
+TINY = {
+    "tiny-cartpole": {
+        "env": "CartPole-v1",
+        "run": "DreamerV3",
+        "stop": {"training_iteration": 2},
+        "config": {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8,
+                   "horizon_H": 3, "training_ratio": 32,
+                   "num_steps_sampled_before_learning_starts": 16,
+                   "min_sample_timesteps_per_iteration": 16, "jit_compile": False},
+    },
+}
+
+
+def script(name):
+    path = os.path.join(sysconfig.get_path("scripts"), name)
+    if not os.path.isfile(path):
+        pytest.fail(f"{path} is missing: install the package (pip install -e .)")
+    return path
+
+
+def write_yaml(path, experiments):
+    path.write_text(yaml.safe_dump(experiments))
+    return str(path)
+
+
+def run(args, timeout):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_train_file_then_evaluate_the_checkpoint(tmp_path):
+    tiny = write_yaml(tmp_path / "tiny.yaml", TINY)
+    train = run([script("rllib"), "train", "file", tiny, "--storage-path",
+                 str(tmp_path / "results"), "--num-cpus", "2", "--verbose", "0"], timeout=300)
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    # A progress line per iteration, then the checkpoint and how to evaluate it.
+    for iteration in (1, 2):
+        line = re.search(rf"iter {iteration} \| env steps (\d+) .*L_world_model (\S+)",
+                         train.stdout)
+        assert line, train.stdout
+    assert math.isfinite(float(line.group(2)))
+    checkpoint = re.search(r"checkpoint: (\S+)", train.stdout).group(1)
+    assert checkpoint.startswith(str(tmp_path / "results" / "tiny-cartpole"))
+    assert os.path.isfile(os.path.join(checkpoint, "rllib_checkpoint.json"))
+
+    # Videos too, where the optional packages for them are installed.
+    video = all(importlib.util.find_spec(m) for m in ("moviepy", "pygame"))
+    video_args = ["--video-dir", str(tmp_path / "videos")] if video else []
+    evaluate = run([script("rllib"), "evaluate", checkpoint, "--episodes", "3", "--json",
+                    *video_args], timeout=120)
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    if video:
+        assert len(glob.glob(str(tmp_path / "videos" / "*.mp4"))) == 3
+    result = json.loads(next(line for line in evaluate.stdout.splitlines() if line[:1] == "{"))
+    assert result["episodes"] == 3 and result["env"] == "CartPole-v1"
+    assert all(math.isfinite(result[k]) for k in ("return_mean", "return_min", "return_max"))
+    # CartPole pays 1 per step: returns are lengths, at least 8 steps long.
+    assert 8 <= result["return_min"] <= result["return_mean"] <= result["return_max"]
+    assert result["length_mean"] == pytest.approx(result["return_mean"])
+
+
+def test_an_error_exits_non_zero_with_one_paragraph_and_no_traceback(tmp_path):
+    missing = str(tmp_path / "missing.yaml")
+    proc = run([sys.executable, "-m", "rllib_dreamerv3", "train", "file", missing], timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    error = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and missing in error[0] and "no such file" in error[0]
+
+
+def _error(capsys, argv):
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+def _variant(**changes):
+    experiment = {**TINY["tiny-cartpole"], **changes}
+    return {"tiny-cartpole": experiment}
+
+
+TUNED_EXAMPLES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..",
+                                              "tuned_examples", "*.yaml")))
+
+
+@pytest.mark.parametrize("path", TUNED_EXAMPLES, ids=os.path.basename)
+def test_every_tuned_example_passes_the_checks(path):
+    for name, spec in cli.load_experiments(path).items():
+        run, param_space, *_ = cli.check_experiment(path, name, spec)
+        assert run == "DreamerV3" and param_space["env"]
+
+
+@pytest.fixture
+def captured_run(monkeypatch):
+    """`rllib train` up to the point where Tune would start: the checked experiments."""
+    calls = []
+
+    def run_experiments(experiments, source, args):
+        calls.append({name: cli.check_experiment(source, name, spec)
+                      for name, spec in experiments.items()})
+        return 0
+
+    monkeypatch.setattr(cli, "run_experiments", run_experiments)
+    return calls
+
+
+def test_command_line_overrides_of_a_file(captured_run, tmp_path):
+    path = write_yaml(tmp_path / "tiny.yaml", TINY)
+    assert cli.main(["train", "file", path, "--env", "Pendulum-v1",
+                     "--config", '{"training_ratio": 64}', "--stop", "{training_iteration: 7}",
+                     "--checkpoint-freq", "3", "--num-samples", "2",
+                     "--storage-path", str(tmp_path / "out")]) == 0
+    [(run, param_space, stop, checkpoint_config, num_samples, storage)] = (
+        captured_run[0].values())
+    assert run == "DreamerV3" and param_space["env"] == "Pendulum-v1"
+    assert param_space["training_ratio"] == 64 and param_space["model_size"] == "nano"
+    assert stop == {"training_iteration": 7}  # replaces the file's
+    assert checkpoint_config == {"checkpoint_frequency": 3, "checkpoint_at_end": True}
+    assert num_samples == 2 and storage == str(tmp_path / "out")
+
+
+def test_quick_train_without_a_file(captured_run):
+    assert cli.main(["train", "--algo", "DreamerV3", "--env", "CartPole-v1", "--config",
+                     '{"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8}',
+                     "--no-checkpoint-at-end"]) == 0
+    [(name, (run, param_space, stop, checkpoint_config, *_))] = captured_run[0].items()
+    assert name == "DreamerV3_CartPole-v1" and run == "DreamerV3"
+    assert param_space == {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8,
+                           "env": "CartPole-v1"}
+    assert stop == {} and checkpoint_config == {"checkpoint_at_end": False}
+
+
+def test_missing_yaml(capsys, tmp_path):
+    path = str(tmp_path / "nope.yaml")
+    err = _error(capsys, ["train", "file", path])
+    assert path in err and "no such file" in err
+
+
+def test_malformed_yaml_names_the_line(capsys, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("exp:\n  env: CartPole-v1\n  config: {model_size: nano\n")
+    err = _error(capsys, ["train", "file", str(path)])
+    assert str(path) in err and "not valid YAML" in err and "line" in err
+
+
+def test_yaml_that_is_not_a_mapping(capsys, tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- CartPole-v1\n")
+    err = _error(capsys, ["train", "file", str(path)])
+    assert str(path) in err and "mapping of experiment names" in err
+
+
+def test_unknown_algorithm(capsys, tmp_path):
+    path = write_yaml(tmp_path / "algo.yaml", _variant(run="DreamerV2"))
+    err = _error(capsys, ["train", "file", path])
+    assert path in err and "'DreamerV2'" in err and "Did you mean 'DreamerV3'" in err
+
+
+def test_unknown_config_key_suggests_the_close_one(capsys, tmp_path):
+    config = {**TINY["tiny-cartpole"]["config"], "training_ration": 64}
+    path = write_yaml(tmp_path / "key.yaml", _variant(config=config))
+    err = _error(capsys, ["train", "file", path])
+    assert path in err and "'training_ration'" in err and "Did you mean 'training_ratio'" in err
+
+
+def test_unknown_experiment_key(capsys, tmp_path):
+    path = write_yaml(tmp_path / "exp.yaml", _variant(stopp={"training_iteration": 1}))
+    err = _error(capsys, ["train", "file", path])
+    assert path in err and "'stopp'" in err and "Did you mean 'stop'" in err
+
+
+def test_unregistered_env(capsys, tmp_path):
+    path = write_yaml(tmp_path / "env.yaml", _variant(env="CartPol-v1"))
+    err = _error(capsys, ["train", "file", path])
+    assert path in err and "'CartPol-v1'" in err and "register_env" in err
+    assert "Did you mean 'CartPole-v1'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_invalid_value_and_yaml_number_pitfall(capsys, tmp_path):
+    path = tmp_path / "value.yaml"
+    path.write_text("exp:\n  env: CartPole-v1\n  run: DreamerV3\n"
+                    "  config: {world_model_lr: 1e-3}\n")
+    err = _error(capsys, ["train", "file", str(path)])
+    assert str(path) in err and "world_model_lr" in err and "1.0e-3" in err
+    assert "_validate_config=False" not in err  # RLlib's "suppress all validation" hint
+
+
+def test_quick_train_errors_name_the_option(capsys):
+    err = _error(capsys, ["train", "--env", "CartPole-v1", "--config", "{training_ration: 2}"])
+    assert "the command line" in err and "Did you mean 'training_ratio'" in err
+    err = _error(capsys, ["train", "--env", "CartPole-v1", "--config", "[1, 2]"])
+    assert "--config" in err and "mapping" in err
+    err = _error(capsys, ["train"])
+    assert "rllib train file PATH.yaml" in err
+
+
+def test_missing_checkpoint(capsys, tmp_path):
+    path = str(tmp_path / "checkpoint_000003")
+    err = _error(capsys, ["evaluate", path])
+    assert path in err and "no such checkpoint" in err
+
+
+def test_directory_that_is_not_a_checkpoint_lists_the_ones_below_it(capsys, tmp_path):
+    inner = tmp_path / "trial" / "checkpoint_000000"
+    inner.mkdir(parents=True)
+    (inner / "rllib_checkpoint.json").write_text("{}")
+    err = _error(capsys, ["evaluate", str(tmp_path)])
+    assert "not an RLlib Algorithm checkpoint" in err and str(inner) in err
+
+
+def test_video_without_moviepy(capsys, monkeypatch, tmp_path):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "moviepy" else find_spec(name, *a))
+    err = _error(capsys, ["evaluate", str(tmp_path), "--video-dir", str(tmp_path / "v")])
+    assert "pip install moviepy" in err
+
+
+def test_corrupt_checkpoint(capsys, tmp_path):
+    (tmp_path / cli.MODULE_STATE_DIR).mkdir(parents=True)
+    (tmp_path / "class_and_ctor_args.pkl").write_bytes(pickle.dumps({"class": 1})[:7])
+    err = _error(capsys, ["evaluate", str(tmp_path)])
+    assert str(tmp_path) in err and "corrupt" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "file", "--help"],
+                                  ["evaluate", "--help"]])
+def test_help_at_every_level(capsys, argv):
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rllib") and "--help" in out
+
+
+def test_console_scripts_resolve_to_this_package():
+    for name in ("rllib", "rllib-dreamerv3"):
+        entry_points = importlib.metadata.entry_points(group="console_scripts", name=name)
+        assert [ep.value for ep in entry_points] == ["rllib_dreamerv3.cli:main"], name
+        assert "rllib_dreamerv3.cli" in open(script(name)).read()
+    assert cli.other_rllib_commands() == []
+
+
+def test_warns_when_another_package_declares_rllib(monkeypatch, capsys):
+    ours = SimpleNamespace(value="rllib_dreamerv3.cli:main",
+                           dist=SimpleNamespace(metadata={"Name": "rllib-dreamerv3"}))
+    theirs = SimpleNamespace(value="ray.rllib.scripts:cli",
+                             dist=SimpleNamespace(metadata={"Name": "ray"}))
+    monkeypatch.setattr(cli.importlib.metadata, "entry_points", lambda **kw: [ours, theirs])
+    assert cli.other_rllib_commands() == ["ray (ray.rllib.scripts:cli)"]
+    assert cli.main(["--help"], prog="rllib") == 0
+    err = capsys.readouterr().err
+    assert "ray (ray.rllib.scripts:cli)" in err and "rllib-dreamerv3" in err
+    # Under the alias there is nothing to warn about.
+    cli.main(["--help"], prog="rllib-dreamerv3")
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_progress_line():
+    result = {"training_iteration": 3, "num_updates_lifetime": 40.0, "time_total_s": 12.3,
+              "env_runners": {"num_env_steps_sampled_lifetime": 1500.0,
+                              "episode_return_mean": 23.456},
+              "learners": {"default_policy": {"L_world_model": 1.5, "L_actor": -0.25,
+                                              "L_critic": 2.0}}}
+    assert cli.progress_line("trial", result) == (
+        "trial iter 3 | env steps 1500 | updates 40 | return 23.46 | "
+        "L_world_model 1.5 L_actor -0.25 L_critic 2 | 12 s")

@@ -1,0 +1,70 @@
+"""A DreamerV3 sweep on CartPole-v1 with Ray Tune and ASHA, sized for a 2-core CPU machine.
+
+Run: python tuned_examples/sweep_cartpole.py [--num-samples 2] [--max-env-steps 20000]
+
+Grid over the training ratio, a random choice of world-model learning rate, `num_samples`
+trials per grid point. Two trials run at a time, one CPU each (sampling and the local Learner
+share the trial's process; TF is held to one thread). ASHA compares trials on
+`env_runners/episode_return_mean` at rungs of env steps and stops the worse half early.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from ray import tune  # noqa: E402
+from ray.tune.schedulers import ASHAScheduler  # noqa: E402
+
+from rllib_dreamerv3 import DreamerV3  # noqa: E402
+from rllib_dreamerv3.cli import ProgressLines  # noqa: E402
+
+METRIC = "env_runners/episode_return_mean"
+
+
+def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
+    # Only the settings that differ from DreamerV3Config's defaults: Tune then lists just these
+    # as a trial's parameters (a whole DreamerV3Config also works as `param_space`).
+    param_space = {
+        "env": "CartPole-v1",
+        "model_size": "micro",
+        "training_ratio": tune.grid_search([256, 512]),
+        "world_model_lr": tune.choice([3e-4, 1e-3]),
+        "actor_lr": 3e-4,
+        "critic_lr": 3e-4,
+        "tf_num_threads": 1,
+        "min_sample_timesteps_per_iteration": 500,
+        "metrics_num_episodes_for_smoothing": 10,
+    }
+    scheduler = ASHAScheduler(time_attr="num_env_steps_sampled_lifetime", max_t=max_env_steps,
+                              grace_period=max_env_steps // 4, reduction_factor=2)
+    return tune.Tuner(
+        DreamerV3, param_space=param_space,
+        tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
+                                    num_samples=num_samples, max_concurrent_trials=2),
+        run_config=tune.RunConfig(
+            name="sweep-cartpole-dreamerv3", storage_path=storage_path,
+            stop={"num_env_steps_sampled_lifetime": max_env_steps, METRIC: 450},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True, num_to_keep=1),
+            callbacks=[ProgressLines()], verbose=1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-samples", type=int, default=2, help="trials per grid point")
+    parser.add_argument("--max-env-steps", type=int, default=20_000)
+    parser.add_argument("--storage-path", help="default ~/ray_results")
+    args = parser.parse_args()
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    results = build_tuner(args.num_samples, args.max_env_steps,
+                          args.storage_path and os.path.abspath(args.storage_path)).fit()
+    best = results.get_best_result()
+    print(f"best: {METRIC}={best.metrics['env_runners']['episode_return_mean']:.1f} with "
+          f"training_ratio={best.config['training_ratio']}, "
+          f"world_model_lr={best.config['world_model_lr']}; checkpoint {best.checkpoint}")
+
+
+if __name__ == "__main__":
+    main()
