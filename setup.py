@@ -21,10 +21,11 @@ setup(
         "numpy>=1.26",
         "pyyaml",
         "tensorboardX",  # Ray Tune writes TensorBoard logs only with it
+        "pillow>=10",  # tensorboardX encodes images (the dreams) with it
     ],
     extras_require={"test": ["pytest>=8"], "video": ["moviepy"],
                     # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
-                    "bench": ["torch==2.13.0", "pillow>=10"]},
+                    "bench": ["torch==2.13.0"]},
     # Ray 2.60 ships no `rllib` command; `rllib-dreamerv3` is the same program under a name no
     # other package claims (the CLI warns when another installed package declares `rllib`).
     entry_points={"console_scripts": ["rllib = rllib_dreamerv3.cli:main",

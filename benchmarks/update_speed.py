@@ -123,6 +123,27 @@ def timed(fn, n):
     return times
 
 
+def time_learner_updates(learner, batches, n):
+    """`(first call s, [n timed calls s], calls made)` of `learner.update` over `batches`.
+
+    The first call (tracing, compiling) and one warm-up call are not among the timed ones.
+    """
+    calls = 0
+
+    def update():
+        nonlocal calls
+        learner.update(batch=batches[calls % len(batches)],
+                       timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls})
+        calls += 1
+
+    start = time.perf_counter()
+    update()
+    first_call = time.perf_counter() - start
+    update()  # warm-up
+    times = timed(update, n)
+    return first_call, times, calls
+
+
 # --- the matmul peak ------------------------------------------------------------------------------
 def matmul_peak_gflops(n, reps=5):
     """Best GFLOP/s of an XLA-compiled fp32 `[n, n] @ [n, n]` (and of TF's own kernel)."""
@@ -147,20 +168,8 @@ def measure_ours(size, obs_space, action_space, batches, args):
         learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
     except ValueError as err:  # an observation space the model does not support (yet)
         return {"ours_skipped": str(err).splitlines()[0][:300]}
-    learner_batches = [as_multi_agent(b) for b in batches]
-    calls = 0
-
-    def learner_update():
-        nonlocal calls
-        learner.update(batch=learner_batches[calls % len(batches)],
-                       timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls})
-        calls += 1
-
-    start = time.perf_counter()
-    learner_update()
-    first_call = time.perf_counter() - start
-    learner_update()  # warm-up
-    times = timed(learner_update, args.updates)
+    first_call, times, calls = time_learner_updates(
+        learner, [as_multi_agent(b) for b in batches], args.updates)
 
     # The bare compiled update (no RLlib plumbing), on the same batches. The Learner has no
     # public handle on it: this benchmark reads the private attribute.
@@ -210,20 +219,8 @@ def measure_theirs(size, obs_space, action_space, batches, args):
                         actor_lr=ours.actor_lr, critic_lr=ours.critic_lr)
               .learners(num_learners=0))
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
-    learner_batches = [as_multi_agent(their_batch(b)) for b in batches]
-    calls = 0
-
-    def update():
-        nonlocal calls
-        learner.update(batch=learner_batches[calls % len(batches)],
-                       timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls})
-        calls += 1
-
-    start = time.perf_counter()
-    update()
-    first_call = time.perf_counter() - start
-    update()  # warm-up
-    times = timed(update, args.their_updates)
+    first_call, times, calls = time_learner_updates(
+        learner, [as_multi_agent(their_batch(b)) for b in batches], args.their_updates)
     optimizer = learner.get_optimizer(DEFAULT_MODULE_ID, "world_model")
     steps = int(optimizer.state[optimizer.param_groups[0]["params"][0]]["step"])
     if steps != calls:

@@ -1,5 +1,8 @@
 """`DreamerV3`: the RLlib Algorithm — sample, store, replay at the training ratio, sync weights."""
 
+import importlib.util
+import logging
+
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SINGLE_SPACES
@@ -16,6 +19,7 @@ from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
 DREAMS = "dreams"
+logger = logging.getLogger(__name__)
 
 
 class DreamerV3(Algorithm):
@@ -49,6 +53,12 @@ class DreamerV3(Algorithm):
         # Ray's own counters (a defaultdict) live in the same dict: add to it, don't replace it.
         self._counters.update(num_updates=0, env_steps_at_learning_start=None)
         self._dreams = None  # the latest dream summaries, until `step` reports them
+        if cfg.dream_every_n_updates and importlib.util.find_spec("moviepy") is None:
+            logger.warning(
+                "Dreams are on (dream_every_n_updates=%d) but moviepy is not installed: "
+                "TensorBoard gets their images, not their videos. pip install "
+                "'rllib-dreamerv3[video]' for videos, or set dream_every_n_updates=0 to turn "
+                "dreams off.", cfg.dream_every_n_updates)
 
     # --- one training step --------------------------------------------------------------------
     def _env_steps_sampled(self):

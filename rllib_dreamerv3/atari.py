@@ -22,7 +22,10 @@ ENV_CONFIG = {
                            "'atari100k': no sticky actions (the Atari100k benchmark)")),
     "grayscale": (False, ("True: one gray channel, observations (64, 64, 1); "
                           "False: RGB, observations (64, 64, 3)")),
+    "render_mode": (None, ("None, 'rgb_array' or 'human': the ALE's render mode "
+                           "(e.g. 'rgb_array' to record videos); observations are unchanged")),
 }
+RENDER_MODES = (None, "rgb_array", "human")
 STICKY_ACTION_PROBABILITY = {"atari": 0.25, "atari100k": 0.0}
 ACTION_REPEAT = 4
 SCREEN_SIZE = 64
@@ -53,6 +56,9 @@ def atari_settings(env_config=None):
     if not isinstance(settings["grayscale"], bool):
         raise ValueError(f"Atari env_config grayscale={settings['grayscale']!r} must be True "
                          "or False.")
+    if settings["render_mode"] not in RENDER_MODES:
+        raise ValueError(f"Atari env_config render_mode={settings['render_mode']!r} is unknown; "
+                         f"use one of {list(RENDER_MODES)}.")
     return settings
 
 
@@ -79,7 +85,8 @@ def make_atari_env(env_id, env_config=None):
     # the last two frames; the ALE then applies sticky actions on every emulator frame.
     env = gym.make(game_id, frameskip=1, full_action_space=True,
                    repeat_action_probability=STICKY_ACTION_PROBABILITY[settings["protocol"]],
-                   max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE)
+                   max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
+                   render_mode=settings["render_mode"])
     return gym.wrappers.AtariPreprocessing(
         env, noop_max=0, frame_skip=ACTION_REPEAT, screen_size=SCREEN_SIZE,
         terminal_on_life_loss=False, grayscale_obs=settings["grayscale"],

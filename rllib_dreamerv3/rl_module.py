@@ -1,5 +1,6 @@
 """`DreamerV3RLModule`: world model, actor, critic and EMA critic as one TF2 RLModule."""
 
+import numpy as np
 import tensorflow as tf
 from ray.rllib.core.columns import Columns
 
@@ -46,12 +47,26 @@ class DreamerV3RLModule(TfRLModule):
         )
         if cfg.get("precision", "float32") != "float32":
             set_matmul_dtype(self.model, cfg["precision"])
-        self._seed = tf.random.Generator.from_non_deterministic_state()
         self._policy_fns = {}
+        self._concrete_fns = {}
+        self._seed_key = None
+        self._seed_count = 0
+        self.set_policy_seed(None)
 
     def set_policy_seed(self, seed):
-        """Make the sampled latents and actions of `forward_exploration` reproducible."""
-        self._seed.reset_from_seed(seed)
+        """Make the sampled latents and actions of `forward_exploration` reproducible.
+
+        Each call of the policy gets the stateless seed `(key, count)`: `key` derives from
+        `seed` (from OS entropy when `seed` is None), `count` numbers the calls. Kept in numpy,
+        so drawing a seed costs no TF op per env step.
+        """
+        state = np.random.SeedSequence(seed).generate_state(1, np.uint32)
+        self._seed_key = int(state.view(np.int32)[0])
+        self._seed_count = 0
+
+    def _next_seed(self):
+        self._seed_count = (self._seed_count + 1) % (2**31 - 1)
+        return np.array([self._seed_key, self._seed_count], np.int32)
 
     def get_initial_state(self):
         """Per-env recurrent state `{h, z, action}` (numpy, no batch dimension)."""
@@ -82,12 +97,19 @@ class DreamerV3RLModule(TfRLModule):
 
     def _act(self, batch, explore):
         state = batch[Columns.STATE_IN]
-        seed = self._seed.uniform_full_int([2], tf.int32)
-        env_action, action, h, z = self.policy_fn(explore)(
-            tf.convert_to_tensor(batch[Columns.OBS]),
-            tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
-            tf.convert_to_tensor(state["h"]), tf.convert_to_tensor(state["z"]),
-            tf.convert_to_tensor(state["action"]), seed)
+        args = (tf.convert_to_tensor(batch[Columns.OBS]),
+                tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
+                tf.convert_to_tensor(state["h"]), tf.convert_to_tensor(state["z"]),
+                tf.convert_to_tensor(state["action"]),
+                tf.convert_to_tensor(self._next_seed()))
+        # A concrete function per (mode, shapes and dtypes): calling it skips tf.function's
+        # per-call argument matching, which costs about as much as a small policy step.
+        key = (explore,) + tuple((tuple(a.shape), a.dtype) for a in args)
+        fn = self._concrete_fns.get(key)
+        if fn is None:
+            fn = self.policy_fn(explore).get_concrete_function(*args)
+            self._concrete_fns[key] = fn
+        env_action, action, h, z = fn(*args)
         return {Columns.ACTIONS: env_action, "actions_model": action,
                 Columns.STATE_OUT: {"h": h, "z": z, "action": action}}
 

@@ -3,7 +3,6 @@
 import gymnasium as gym
 import numpy as np
 import pytest
-import ray
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dreamerv3 import DreamerV3, DreamerV3Config
@@ -16,12 +15,7 @@ DIAGNOSTICS = ("kl_dyn_before_free_bits", "kl_rep_before_free_bits", "prior_entr
                "grad_norm_world_model", "grad_norm_actor", "grad_norm_critic")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}})
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def tiny_config(env="CartPole-v1", **training):

@@ -79,6 +79,15 @@ def test_observation_is_the_max_of_the_last_two_of_four_frames():
     env.close()
 
 
+def test_render_mode_renders_full_frames_and_leaves_observations_alone():
+    env = make_atari_env("ALE/Pong-v5", {"render_mode": "rgb_array"})
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (64, 64, 3)
+    frame = env.render()
+    assert frame.shape == (210, 160, 3) and frame.dtype == np.uint8
+    env.close()
+
+
 def test_losing_a_life_does_not_end_the_episode():
     env = make_atari_env("ALE/Breakout-v5")
     env.action_space.seed(0)
@@ -104,6 +113,7 @@ def test_unknown_key_lists_the_valid_keys():
 @pytest.mark.parametrize("env_config, match", [
     ({"protocol": "atari100"}, "protocol='atari100'.*'atari100k'"),
     ({"grayscale": 1}, "grayscale=1 must be True or False"),
+    ({"render_mode": "rgb"}, "render_mode='rgb' is unknown.*'rgb_array'"),
 ])
 def test_bad_values_are_named(env_config, match):
     with pytest.raises(ValueError, match=match):

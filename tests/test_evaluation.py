@@ -6,7 +6,6 @@ import pickle
 import gymnasium as gym
 import numpy as np
 import pytest
-import ray
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME)
 
@@ -14,12 +13,7 @@ from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, ReplayChunk
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}})
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def tiny_config(env="CartPole-v1"):

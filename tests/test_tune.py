@@ -6,21 +6,12 @@ import math
 import os
 
 import pytest
-import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from rllib_dreamerv3 import DreamerV3, DreamerV3Config
 
 SWEEP = os.path.join(os.path.dirname(__file__), "..", "tuned_examples", "sweep_cartpole.py")
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}})
-    yield
-    ray.shutdown()
 
 
 def tiny_config():

@@ -429,7 +429,7 @@ def test_ensure_tf2_behavior_undoes_disable_v2_behavior():
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
     out = json.loads(line[len("RESULT"):])
     # Without the call, `==` is Python identity (TF1 semantics): the test is meaningful.
     assert out["before"] == {"tf2": False, "eager": True, "eq_is_bool": True,
