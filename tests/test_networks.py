@@ -1,0 +1,51 @@
+"""Conv layers: the stride-2 matmul formulation equals TF's convolutions, values and gradients."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from rllib_dreamerv3 import networks
+from rllib_dreamerv3.networks import Conv
+
+
+def _reference(conv, x):
+    if conv.transpose:
+        n, h, w = x.shape[:3]
+        return tf.nn.conv2d_transpose(x, conv.w, [n, h * conv.stride, w * conv.stride,
+                                                  conv.out_channels], conv.stride, "SAME")
+    return tf.nn.conv2d(x, conv.w, conv.stride, "SAME")
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("kernel, size", [(4, 16), (4, 8), (2, 8), (6, 12), (4, 2)])
+def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size):
+    tf.random.set_seed(0)
+    conv = Conv(3, 5, kernel, 2, transpose=transpose, bias=False)
+    x = tf.random.normal([2, size, size + 2, 3])
+    assert networks._matmul_conv_applies(x, conv.w, 2)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        ours, ref = conv(x), _reference(conv, x)
+        loss_ours = tf.reduce_sum(ours * tf.sin(ours))
+        loss_ref = tf.reduce_sum(ref * tf.sin(ref))
+    scale = 2 if transpose else 0.5
+    assert ours.shape == (2, int(size * scale), int((size + 2) * scale), 5)
+    np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+    for a, b in zip(tape.gradient(loss_ours, [x, conv.w]), tape.gradient(loss_ref, [x, conv.w])):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_stride_two_conv_matches_tf_under_xla():
+    conv = Conv(4, 6, 4, 2, bias=False)
+    x = tf.random.normal([3, 8, 8, 4], seed=1)
+    ours = tf.function(conv, jit_compile=True)(x)
+    np.testing.assert_allclose(ours.numpy(), _reference(conv, x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel, stride, shape", [(3, 2, [1, 8, 8, 2]), (4, 1, [1, 8, 8, 2]),
+                                                   (4, 2, [1, 7, 8, 2])])
+def test_other_convolutions_use_tf_and_stay_correct(kernel, stride, shape):
+    conv = Conv(2, 3, kernel, stride, bias=False)
+    x = tf.random.normal(shape, seed=2)
+    assert not networks._matmul_conv_applies(x, conv.w, stride)
+    np.testing.assert_allclose(conv(x).numpy(), _reference(conv, x).numpy(), rtol=1e-5)
