@@ -114,13 +114,18 @@ class Conv(tf.Module):
 
 # Stride-2 convolutions with an even kernel k as one matmul. XLA:CPU runs tf.nn.conv2d and its
 # transpose at a third to a half of its matmul throughput on our layer shapes; the same maps
-# written as space-to-depth plus one matmul are about twice as fast forward and backward, and
-# numerically equal (tests/test_networks.py). "same" padding of an even size with stride 2 pads
-# (k - 2) / 2 on each side; after space-to-depth by 2 the convolution is a (k/2)×(k/2) valid
-# one, whose k/2 · k/2 shifted windows are concatenated into the matmul's input.
+# written as space-to-depth plus one matmul are about twice as fast forward and backward on the
+# update's 16×64 frames, and numerically equal (tests/test_networks.py). For small batches (the
+# policy's one frame per env) TF's own convolution is faster, so it is kept there. "same"
+# padding of an even size with stride 2 pads (k - 2) / 2 on each side; after space-to-depth by 2
+# the convolution is a (k/2)×(k/2) valid one, whose k/2 · k/2 shifted windows are concatenated
+# into the matmul's input.
+MATMUL_CONV_MIN_BATCH = 64
+
+
 def _matmul_conv_applies(x, w, stride):
     return (stride == 2 and w.shape[0] == w.shape[1] and w.shape[0] % 2 == 0
-            and x.shape[1] is not None and x.shape[2] is not None
+            and None not in x.shape[:3] and x.shape[0] >= MATMUL_CONV_MIN_BATCH
             and x.shape[1] % 2 == 0 and x.shape[2] % 2 == 0)
 
 

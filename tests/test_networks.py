@@ -8,6 +8,12 @@ from rllib_dreamerv3 import networks
 from rllib_dreamerv3.networks import Conv
 
 
+def _matmul(conv, x):
+    if conv.transpose:
+        return networks._conv_transpose_s2_matmul(x, conv.w)
+    return networks._conv_s2_matmul(x, conv.w)
+
+
 def _reference(conv, x):
     if conv.transpose:
         n, h, w = x.shape[:3]
@@ -22,10 +28,9 @@ def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size
     tf.random.set_seed(0)
     conv = Conv(3, 5, kernel, 2, transpose=transpose, bias=False)
     x = tf.random.normal([2, size, size + 2, 3])
-    assert networks._matmul_conv_applies(x, conv.w, 2)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
-        ours, ref = conv(x), _reference(conv, x)
+        ours, ref = _matmul(conv, x), _reference(conv, x)
         loss_ours = tf.reduce_sum(ours * tf.sin(ours))
         loss_ref = tf.reduce_sum(ref * tf.sin(ref))
     scale = 2 if transpose else 0.5
@@ -35,15 +40,19 @@ def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_stride_two_conv_matches_tf_under_xla():
-    conv = Conv(4, 6, 4, 2, bias=False)
-    x = tf.random.normal([3, 8, 8, 4], seed=1)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_large_batches_take_the_matmul_path_under_xla(transpose):
+    conv = Conv(4, 6, 4, 2, transpose=transpose, bias=False)
+    x = tf.random.normal([networks.MATMUL_CONV_MIN_BATCH, 8, 8, 4], seed=1)
+    assert networks._matmul_conv_applies(x, conv.w, 2)
     ours = tf.function(conv, jit_compile=True)(x)
     np.testing.assert_allclose(ours.numpy(), _reference(conv, x).numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel, stride, shape", [(3, 2, [1, 8, 8, 2]), (4, 1, [1, 8, 8, 2]),
-                                                   (4, 2, [1, 7, 8, 2])])
+@pytest.mark.parametrize("kernel, stride, shape", [
+    (3, 2, [64, 8, 8, 2]), (4, 1, [64, 8, 8, 2]), (4, 2, [64, 7, 8, 2]),
+    (4, 2, [8, 8, 8, 2]),  # a small batch (the policy's): TF's convolution is faster
+])
 def test_other_convolutions_use_tf_and_stay_correct(kernel, stride, shape):
     conv = Conv(2, 3, kernel, stride, bias=False)
     x = tf.random.normal(shape, seed=2)
