@@ -103,11 +103,16 @@ def actor_critic_losses(model, feat, actions, start_cont, hp):
     reward = wm.reward(feat)
     cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)  # mode of the continue head
     cont = tf.concat([start_cont[None], cont[1:]], 0)
-    value = critic.value(feat)
+    # The critic's own loss sees its inputs without gradient. With discrete actions the returns
+    # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
+    # backpropagate the returns into the actor and need the critic on `feat` itself.
+    critic_logits_all = critic(sg(feat))
+    value = (math_ops.two_hot_mean(critic_logits_all, critic.bins) if actor.discrete
+             else critic.value(feat))
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
 
-    critic_logits = critic(sg(feat[:-1]))
+    critic_logits = critic_logits_all[:-1]
     ema_value = model.critic_ema.value(sg(feat[:-1]))
     critic_target_loss = math_ops.two_hot_loss(critic_logits, sg(returns), critic.bins)
     critic_reg_loss = math_ops.two_hot_loss(critic_logits, sg(ema_value), critic.bins)
