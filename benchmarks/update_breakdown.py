@@ -19,6 +19,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 
+from update_speed import random_batch  # noqa: E402  (this script's folder is on sys.path)
+
 from rllib_dreamerv3 import DreamerV3Config, losses, random_ops  # noqa: E402
 from rllib_dreamerv3.update import _step  # noqa: E402
 
@@ -42,12 +44,8 @@ def main(size):
     model = learner.module[DEFAULT_MODULE_ID].model
     optimizers = dict(learner.get_optimizers_for_module(DEFAULT_MODULE_ID))
     B, T, H = cfg.batch_size_B, cfg.batch_length_T, cfg.horizon_H
-    rng = np.random.default_rng(0)
-    batch = {"obs": tf.constant(rng.normal(size=(B, T, 4)), tf.float32),
-             "actions": tf.constant(np.eye(2)[rng.integers(2, size=(B, T))], tf.float32),
-             "rewards": tf.constant(rng.normal(size=(B, T)), tf.float32),
-             "is_first": tf.constant(rng.random((B, T)) < 0.02),
-             "is_terminal": tf.constant(rng.random((B, T)) < 0.02)}
+    batch = {key: tf.constant(value) for key, value in random_batch(
+        np.random.default_rng(0), B, T, "vector", action_space, obs_space.shape[0]).items()}
     seed = tf.constant([0, 1])
     compiled = tf.function(jit_compile=True, autograph=False)
 

@@ -49,9 +49,7 @@ class DreamerV3RLModule(TfRLModule):
             set_matmul_dtype(self.model, cfg["precision"])
         self._policy_fns = {}
         self._concrete_fns = {}
-        self._seed_key = None
-        self._seed_count = 0
-        self.set_policy_seed(None)
+        self.set_policy_seed(None)  # sets the seed key and call count
 
     def set_policy_seed(self, seed):
         """Make the sampled latents and actions of `forward_exploration` reproducible.
