@@ -34,7 +34,7 @@ class Actor(tf.Module):
     def sample(self, dist, seed):
         """A differentiable sample: straight-through one-hot, or reparameterised and clipped."""
         if self.discrete:
-            idx = random_ops.categorical(tf.math.log(dist), seed)
+            idx = random_ops.categorical(dist, seed)
             return math_ops.straight_through(tf.one_hot(idx, self.action_dim), dist)
         mean, std = dist
         action = mean + std * random_ops.normal(mean.shape, seed)

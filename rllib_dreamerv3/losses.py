@@ -72,27 +72,33 @@ def world_model_loss(model, batch, seeds, hp):
 def imagine(model, h, z, horizon, seeds):
     """Roll the actor through the world model for `horizon` steps from start states `[N, ...]`.
 
-    Returns features `[H + 1, N, F]` (index 0: start states) and actions `[H, N, A]`. Discrete
-    actions are fed to the dynamics without gradient (REINFORCE needs none); continuous actions
-    keep their reparameterised gradient so returns can be backpropagated into the actor.
+    Returns features `[H + 1, N, F]` (index 0: start states), actions `[H, N, A]` and the actor's
+    distribution parameters on the first `H` features (`[H, N, A]` each; reused by the actor loss
+    instead of a second actor pass). Discrete actions are fed to the dynamics without gradient
+    (REINFORCE needs none); continuous actions keep their reparameterised gradient so returns
+    can be backpropagated into the actor.
     """
     wm, actor = model.world_model, model.actor
-    feats, actions = [tf.concat([h, z], -1)], []
+    feats, actions, dists = [tf.concat([h, z], -1)], [], []
     for t in range(horizon):
-        action = actor.sample(actor.dist(feats[-1]), seeds[2 * t])
+        dist = actor.dist(feats[-1])
+        action = actor.sample(dist, seeds[2 * t])
         if actor.discrete:
             action = sg(action)
         h, z = wm.imagine_step(h, z, action, seeds[2 * t + 1])
         feats.append(tf.concat([h, z], -1))
         actions.append(action)
-    return tf.stack(feats, 0), tf.stack(actions, 0)
+        dists.append(dist)
+    dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
+    return tf.stack(feats, 0), tf.stack(actions, 0), dists
 
 
-def actor_critic_losses(model, feat, actions, start_cont, hp):
+def actor_critic_losses(model, feat, actions, dist, start_cont, hp):
     """Critic and actor losses on an imagined trajectory, and the new return scale.
 
     Args:
-        feat: `[H + 1, N, F]`, actions: `[H, N, A]` from :func:`imagine`.
+        feat: `[H + 1, N, F]`, actions: `[H, N, A]`, dist: the actor's distribution parameters
+            on `feat[:-1]`, all three from :func:`imagine`.
         start_cont: `[N]` real `1 - is_terminal` of the start states.
 
     Returns:
@@ -122,8 +128,8 @@ def actor_critic_losses(model, feat, actions, start_cont, hp):
     scale = math_ops.return_scale_update(model.return_scale, sg(returns),
                                          hp.return_normalization_decay)
     adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
-    policy_feat = sg(feat[:-1]) if actor.discrete else feat[:-1]
-    dist = actor.dist(policy_feat)
+    # With discrete actions `feat` carries no gradient to the actor (its actions entered the
+    # dynamics without gradient), so `dist` is what the actor gives on `sg(feat[:-1])`.
     entropy = actor.entropy(dist)
     if actor.discrete:
         objective = sg(adv) * actor.log_prob(dist, actions)

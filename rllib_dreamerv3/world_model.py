@@ -55,8 +55,7 @@ class WorldModel(tf.Module):
     def sample_z(self, logits, seed):
         """Straight-through one-hot sample `[N, K * C]` of the categoricals given by `logits`."""
         probs = self.probs(logits)
-        flat = tf.reshape(tf.math.log(probs), [-1, self.size.num_classes])
-        idx = random_ops.categorical(flat, seed)
+        idx = random_ops.categorical(tf.reshape(probs, [-1, self.size.num_classes]), seed)
         sample = tf.reshape(tf.one_hot(idx, self.size.num_classes), tf.shape(probs))
         return tf.reshape(math_ops.straight_through(sample, probs), [-1, self.stoch_dim])
 
@@ -82,9 +81,12 @@ class WorldModel(tf.Module):
         ones = tf.ones([batch_size, 1])
         return ones * h0, ones * z0
 
-    def reset(self, h, z, prev_action, is_first):
-        """Replace the state and previous action by the initial ones where `is_first` ([N] bool)."""
-        h0, z0 = self._initial()
+    def reset(self, h, z, prev_action, is_first, initial=None):
+        """Replace the state and previous action by the initial ones where `is_first` ([N] bool).
+
+        `initial`: `(h0, z0)` from a caller that resets many times (else computed here).
+        """
+        h0, z0 = self._initial() if initial is None else initial
         mask = tf.cast(is_first, h.dtype)[:, None]
         return (mask * h0 + (1.0 - mask) * h, mask * z0 + (1.0 - mask) * z,
                 (1.0 - mask) * prev_action)
@@ -93,15 +95,20 @@ class WorldModel(tf.Module):
         """`h_t = GRU(h_{t-1}, DenseBlock([z_{t-1}, a_{t-1}]))`."""
         return self.gru(self.gru_input(tf.concat([z, action], -1)), h)
 
+    def _posterior_step(self, h, z, prev_action, embed, is_first, seed, sample=True,
+                        initial=None):
+        h, z, prev_action = self.reset(h, z, prev_action, is_first, initial)
+        h = self.sequence_step(h, z, prev_action)
+        post = self.posterior_logits(h, embed)
+        z = self.sample_z(post, seed) if sample else self.mode_z(post)
+        return h, z, post
+
     def observe_step(self, h, z, prev_action, embed, is_first, seed, sample=True):
         """One posterior step: reset on `is_first`, advance `h`, infer `z` from `h` and `embed`.
 
         Returns `(h, z, posterior_logits, prior_logits)`.
         """
-        h, z, prev_action = self.reset(h, z, prev_action, is_first)
-        h = self.sequence_step(h, z, prev_action)
-        post = self.posterior_logits(h, embed)
-        z = self.sample_z(post, seed) if sample else self.mode_z(post)
+        h, z, post = self._posterior_step(h, z, prev_action, embed, is_first, seed, sample)
         return h, z, post, self.prior_logits(h)
 
     def imagine_step(self, h, z, action, seed):
@@ -121,17 +128,20 @@ class WorldModel(tf.Module):
             starts from the initial state.
         """
         batch = embed.shape[1]
-        h, z = self.initial_state(batch)
-        logits_init = tf.zeros([batch, *self.stoch_shape])
+        initial = self._initial()
+        ones = tf.ones([batch, 1])
+        state = (ones * initial[0], ones * initial[1], tf.zeros([batch, *self.stoch_shape]))
 
         def step(carry, inputs):
-            h, z = carry[0], carry[1]
             embed_t, action_t, first_t, seed_t = inputs
-            h, z, post, prior = self.observe_step(h, z, action_t, embed_t, first_t, seed_t)
-            return h, z, post, prior
+            return self._posterior_step(carry[0], carry[1], action_t, embed_t, first_t, seed_t,
+                                        initial=initial)
 
-        h, z, post, prior = tf.scan(step, (embed, prev_action, is_first, seeds),
-                                    initializer=(h, z, logits_init, logits_init))
+        # Only the recurrence is in the loop; the prior needs only h, so it runs once on all
+        # T * B states afterwards (one large matmul instead of T small ones, forward and back).
+        h, z, post = tf.scan(step, (embed, prev_action, is_first, seeds), initializer=state)
+        prior = tf.reshape(self.prior_net(tf.reshape(h, [-1, h.shape[-1]])),
+                           [-1, batch, *self.stoch_shape])
         return h, z, post, prior
 
     # --- heads ----------------------------------------------------------------------------

@@ -27,6 +27,21 @@ def test_two_hot_between_bins_on_bin_and_clipped():
     np.testing.assert_allclose(math_ops.two_hot(99.0, bins), [0.0, 0.0, 0.0, 1.0])
 
 
+def test_two_hot_matches_a_search_over_the_bins():
+    """The arithmetic bin index agrees with numpy's searchsorted on the real 255 bins."""
+    bins = math_ops.two_hot_bins()
+    y = np.random.default_rng(0).uniform(-25.0, 25.0, 2_000).astype(np.float32)
+    y[:255] = bins.numpy()  # exactly on every bin
+    b = bins.numpy().astype(np.float64)
+    yc = np.clip(y, b[0], b[-1])
+    below = np.clip(np.searchsorted(b, yc, side="right") - 1, 0, len(b) - 2)
+    w = (yc - b[below]) / (b[below + 1] - b[below])
+    expected = np.zeros([len(y), len(b)])
+    expected[np.arange(len(y)), below] += 1.0 - w
+    expected[np.arange(len(y)), below + 1] += w
+    np.testing.assert_allclose(math_ops.two_hot(y, bins), expected, atol=2e-5)
+
+
 def test_two_hot_bins_match_spec():
     bins = math_ops.two_hot_bins()
     assert bins.shape == (255,)

@@ -8,7 +8,7 @@ from rllib_dreamerv3 import random_ops
 
 def _draws(seed):
     return (random_ops.uniform([1000], seed), random_ops.normal([1000], seed),
-            random_ops.categorical(tf.math.log(tf.constant([[0.1, 0.2, 0.7]] * 1000)), seed),
+            random_ops.categorical(tf.constant([[0.1, 0.2, 0.7]] * 1000), seed),
             random_ops.split(seed, 3))
 
 
@@ -39,6 +39,16 @@ def test_distributions():
     n = random_ops.normal([200_000], tf.constant([8, 8])).numpy()
     assert abs(n.mean()) < 0.01 and abs(n.std() - 1.0) < 0.01
     probs = np.array([0.1, 0.2, 0.7], np.float32)
-    idx = random_ops.categorical(tf.math.log(np.tile(probs, (100_000, 1))), tf.constant([9, 9]))
+    idx = random_ops.categorical(np.tile(probs, (100_000, 1)), tf.constant([9, 9]))
     freq = np.bincount(idx.numpy(), minlength=3) / 100_000
     np.testing.assert_allclose(freq, probs, atol=0.01)
+
+
+def test_categorical_never_picks_zero_probability_classes():
+    probs = np.array([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0],
+                      [0.0, 0.5, 0.0, 0.5]], np.float32)
+    idx = random_ops.categorical(np.tile(probs, (5_000, 1)), tf.constant([5, 6])).numpy()
+    idx = idx.reshape(5_000, 4)
+    assert (idx[:, 0] == 1).all() and (idx[:, 1] == 3).all() and (idx[:, 2] == 0).all()
+    assert set(np.unique(idx[:, 3])) == {1, 3}
+    assert abs((idx[:, 3] == 3).mean() - 0.5) < 0.03
