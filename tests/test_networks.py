@@ -1,11 +1,11 @@
-"""Conv layers: the stride-2 matmul formulation equals TF's convolutions, values and gradients."""
+"""Networks: stride-2 convs equal TF's convolutions (values, gradients); LayerNorm equals numpy."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from rllib_dreamerv3 import networks
-from rllib_dreamerv3.networks import Conv
+from rllib_dreamerv3.networks import Conv, LayerNorm
 
 
 def _matmul(conv, x):
@@ -58,3 +58,17 @@ def test_other_convolutions_use_tf_and_stay_correct(kernel, stride, shape):
     x = tf.random.normal(shape, seed=2)
     assert not networks._matmul_conv_applies(x, conv.w, stride)
     np.testing.assert_allclose(conv(x).numpy(), _reference(conv, x).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(7, 24), (3, 5, 5, 24)])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_layer_norm_matches_numpy(shape, compiled):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=shape) * 3.0 + 2.0).astype(np.float32)
+    norm = LayerNorm(shape[-1])
+    norm.scale.assign(rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32))
+    norm.offset.assign(rng.normal(size=shape[-1]).astype(np.float32))
+    fn = tf.function(norm.__call__, jit_compile=True) if compiled else norm
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    expected = (x - mean) / np.sqrt(var + 1e-3) * norm.scale.numpy() + norm.offset.numpy()
+    np.testing.assert_allclose(fn(tf.constant(x)), expected, rtol=1e-5, atol=1e-5)
