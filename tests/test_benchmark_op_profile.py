@@ -1,0 +1,35 @@
+"""benchmarks/op_profile.py reads per-operation XLA times out of a profiler trace."""
+
+import json
+import os
+import subprocess
+import sys
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import op_profile  # sets XLA_FLAGS before TensorFlow compiles anything
+import tensorflow as tf
+fn = tf.function(lambda a, b: a @ b, jit_compile=True, autograph=False)
+a, b = tf.ones([256, 512]), tf.ones([512, 128])
+fn(a, b)
+seconds, ops = op_profile.profile_ops(fn, (a, b), runs=4)
+print(json.dumps({"seconds": seconds, "ops": ops}))
+"""
+
+
+def test_profile_ops_sees_the_matmul_once_per_run():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, BENCHMARKS], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["seconds"] > 0
+    ops = result["ops"]
+    assert ops, "no XLA operations found in the trace"
+    matmuls = {name: v for name, v in ops.items()
+               if any(key in name.lower() for key in ("dot", "matmul", "ynn"))}
+    assert matmuls, f"no matmul among {sorted(ops)}"
+    assert all(calls == 1.0 and ms > 0 for ms, calls in matmuls.values()), matmuls
