@@ -133,7 +133,7 @@ def percentiles(x, qs):
     Sorts once for all of `qs` (a sequence of Python numbers); returns a list of scalars.
     """
     flat = tf.sort(tf.reshape(x, [-1]))
-    size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
+    size = tf.size(flat)
     out = []
     for q in qs:
         pos = q / 100.0 * (tf.cast(size, tf.float32) - 1.0)

@@ -75,9 +75,12 @@ class WorldModel(tf.Module):
         h0 = tf.tanh(self.h0_raw)[None]
         return h0, self.mode_z(self.prior_logits(h0))  # [1, D], [1, K*C]
 
-    def initial_state(self, batch_size):
-        """`h_0 = tanh(learned)`, `z_0` = mode of the prior on `h_0`; both `[batch_size, ...]`."""
-        h0, z0 = self._initial()
+    def initial_state(self, batch_size, initial=None):
+        """`h_0 = tanh(learned)`, `z_0` = mode of the prior on `h_0`; both `[batch_size, ...]`.
+
+        `initial`: `(h0, z0)` already computed by the caller (else computed here).
+        """
+        h0, z0 = self._initial() if initial is None else initial
         ones = tf.ones([batch_size, 1])
         return ones * h0, ones * z0
 
@@ -129,8 +132,7 @@ class WorldModel(tf.Module):
         """
         batch = embed.shape[1]
         initial = self._initial()
-        ones = tf.ones([batch, 1])
-        state = (ones * initial[0], ones * initial[1], tf.zeros([batch, *self.stoch_shape]))
+        state = (*self.initial_state(batch, initial), tf.zeros([batch, *self.stoch_shape]))
 
         def step(carry, inputs):
             embed_t, action_t, first_t, seed_t = inputs
@@ -140,7 +142,7 @@ class WorldModel(tf.Module):
         # Only the recurrence is in the loop; the prior needs only h, so it runs once on all
         # T * B states afterwards (one large matmul instead of T small ones, forward and back).
         h, z, post = tf.scan(step, (embed, prev_action, is_first, seeds), initializer=state)
-        prior = tf.reshape(self.prior_net(tf.reshape(h, [-1, h.shape[-1]])),
+        prior = tf.reshape(self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])),
                            [-1, batch, *self.stoch_shape])
         return h, z, post, prior
 
