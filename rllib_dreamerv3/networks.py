@@ -47,9 +47,20 @@ class Dense(tf.Module):
         self.b = tf.Variable(tf.zeros([out_units]), name="b") if bias else None
 
     def __call__(self, x):
-        x, w = _in(self.matmul_dtype, x, self.w)
-        y = _out(tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1))
+        y = self.partial(x, 0, self.w.shape[0])
         return y + self.b if self.b is not None else y
+
+    def partial(self, x, start, stop):
+        """`x @ w[start:stop]` without the bias: the contribution of input features
+        `start:stop` (`x` holds only those). `partial(a, 0, n) + partial(b, n, in_units)` is
+        `self(concat([a, b]))` minus the bias, so a part that many calls share can be computed
+        once, e.g. outside a recurrence."""
+        if x.shape[-1] is not None and x.shape[-1] != stop - start:
+            raise ValueError(f"Dense.partial: x has {x.shape[-1]} features, rows {start}:{stop} "
+                             f"of the kernel need {stop - start}.")
+        w = self.w if (start, stop) == (0, self.w.shape[0]) else self.w[start:stop]
+        x, w = _in(self.matmul_dtype, x, w)
+        return _out(tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1))
 
 
 class LayerNorm(tf.Module):
@@ -74,8 +85,11 @@ class DenseBlock(tf.Module):
         self.dense = Dense(in_units, out_units, bias=False)
         self.norm = LayerNorm(out_units)
 
-    def __call__(self, x):
-        return tf.nn.silu(self.norm(self.dense(x)))
+    def __call__(self, x, rest=None):
+        """`x`: the input; or its first features, with `rest` the other features' contribution
+        (`self.dense.partial(...)`, see :meth:`Dense.partial`)."""
+        pre = self.dense(x) if rest is None else self.dense.partial(x, 0, x.shape[-1]) + rest
+        return tf.nn.silu(self.norm(pre))
 
 
 class Conv(tf.Module):
@@ -186,10 +200,17 @@ class MLP(tf.Module):
         self.out = Dense(sizes[-1], out_units, zero_init=zero_init_out) if out_units else None
         self.out_units = out_units or sizes[-1]
 
-    def __call__(self, x):
-        for block in self.blocks:
-            x = block(x)
+    def __call__(self, x, rest=None):
+        """`rest`: as in :meth:`DenseBlock.__call__`, for the first layer (`x` then holds only the
+        first input features)."""
+        for i, block in enumerate(self.blocks):
+            x = block(x, rest if i == 0 else None)
         return self.out(x) if self.out is not None else x
+
+    def first_layer_part(self, x, start):
+        """The first layer's pre-activation contribution of input features `start:` (in `x`)."""
+        dense = self.blocks[0].dense
+        return dense.partial(x, start, dense.w.shape[0])
 
 
 class GRUCell(tf.Module):

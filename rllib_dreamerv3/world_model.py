@@ -67,8 +67,17 @@ class WorldModel(tf.Module):
     def prior_logits(self, h):
         return self._logits(self.prior_net(h))
 
-    def posterior_logits(self, h, embed):
-        return self._logits(self.posterior_net(tf.concat([h, embed], -1)))
+    def posterior_logits(self, h, embed=None, embed_part=None):
+        """Posterior logits from `h` and `embed`, or from `h` and `embed_part`, the posterior
+        net's first-layer contribution of the embedding (:meth:`posterior_embed_part`)."""
+        if embed_part is None:
+            return self._logits(self.posterior_net(tf.concat([h, embed], -1)))
+        return self._logits(self.posterior_net(h, rest=embed_part))
+
+    def posterior_embed_part(self, embed):
+        """The embedding's contribution to the posterior net's first layer, `[..., units]`;
+        `observe` computes it for all steps at once, outside the recurrence."""
+        return self.posterior_net.first_layer_part(embed, self.size.gru_units)
 
     # --- state transitions ----------------------------------------------------------------
     def _initial(self):
@@ -99,10 +108,10 @@ class WorldModel(tf.Module):
         return self.gru(self.gru_input(tf.concat([z, action], -1)), h)
 
     def _posterior_step(self, h, z, prev_action, embed, is_first, seed, sample=True,
-                        initial=None):
+                        initial=None, embed_part=None):
         h, z, prev_action = self.reset(h, z, prev_action, is_first, initial)
         h = self.sequence_step(h, z, prev_action)
-        post = self.posterior_logits(h, embed)
+        post = self.posterior_logits(h, embed, embed_part)
         z = self.sample_z(post, seed) if sample else self.mode_z(post)
         return h, z, post
 
@@ -135,13 +144,16 @@ class WorldModel(tf.Module):
         state = (*self.initial_state(batch, initial), tf.zeros([batch, *self.stoch_shape]))
 
         def step(carry, inputs):
-            embed_t, action_t, first_t, seed_t = inputs
-            return self._posterior_step(carry[0], carry[1], action_t, embed_t, first_t, seed_t,
-                                        initial=initial)
+            part_t, action_t, first_t, seed_t = inputs
+            return self._posterior_step(carry[0], carry[1], action_t, None, first_t, seed_t,
+                                        initial=initial, embed_part=part_t)
 
-        # Only the recurrence is in the loop; the prior needs only h, so it runs once on all
-        # T * B states afterwards (one large matmul instead of T small ones, forward and back).
-        h, z, post = tf.scan(step, (embed, prev_action, is_first, seeds), initializer=state)
+        # Only the recurrence is in the loop: the embedding's share of the posterior's first
+        # layer is computed for all T * B steps before it, and the prior, which needs only h, on
+        # all states after it (one large matmul instead of T small ones, forward and back).
+        embed_part = self.posterior_embed_part(embed)
+        h, z, post = tf.scan(step, (embed_part, prev_action, is_first, seeds),
+                             initializer=state)
         prior = tf.reshape(self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])),
                            [-1, batch, *self.stoch_shape])
         return h, z, post, prior

@@ -114,6 +114,26 @@ def test_reset_on_is_first_restores_initial_state():
     np.testing.assert_allclose(a_r, [[0, 0], [1, 1]])
 
 
+def test_observe_matches_a_loop_of_observe_steps():
+    """`observe` (embedding's posterior share and the prior outside the recurrence) gives the
+    same states and logits as the one-step path the policy uses, with resets mid-sequence."""
+    model, _ = build("micro")
+    wm = model.world_model
+    batch = make_batch(3)
+    embed = wm.encoder(losses.time_major(batch["obs"]))
+    actions = losses.time_major(batch["actions"])
+    prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
+    is_first = losses.time_major(batch["is_first"])
+    seeds = random_ops.split(tf.constant([5, 6]), T)
+    h, z, post, prior = wm.observe(embed, prev_actions, is_first, seeds)
+    h_t, z_t = wm.initial_state(B)
+    for t in range(T):
+        h_t, z_t, post_t, prior_t = wm.observe_step(h_t, z_t, prev_actions[t], embed[t],
+                                                    is_first[t], seeds[t])
+        for ours, ref in [(h[t], h_t), (z[t], z_t), (post[t], post_t), (prior[t], prior_t)]:
+            np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_world_model_loss_terms_at_init():
     model, _ = build()
     _, metrics, (h, z) = losses.world_model_loss(

@@ -1,11 +1,12 @@
-"""Networks: stride-2 convs equal TF's convolutions (values, gradients); LayerNorm equals numpy."""
+"""Networks: stride-2 convs equal TF's convolutions (values, gradients); LayerNorm equals numpy;
+an MLP with its first layer split in two parts equals the MLP on the concatenation."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from rllib_dreamerv3 import networks
-from rllib_dreamerv3.networks import Conv, LayerNorm
+from rllib_dreamerv3.networks import MLP, Conv, LayerNorm
 
 
 def _matmul(conv, x):
@@ -72,3 +73,19 @@ def test_layer_norm_matches_numpy(shape, compiled):
     mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     expected = (x - mean) / np.sqrt(var + 1e-3) * norm.scale.numpy() + norm.offset.numpy()
     np.testing.assert_allclose(fn(tf.constant(x)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatenation():
+    tf.random.set_seed(0)
+    mlp = MLP(5 + 7, 16, 2, out_units=3)
+    a, b = tf.random.normal([4, 5], seed=3), tf.random.normal([4, 7], seed=4)
+    with tf.GradientTape(persistent=True) as tape:
+        whole = mlp(tf.concat([a, b], -1))
+        split = mlp(a, rest=mlp.first_layer_part(b, 5))
+        loss_whole, loss_split = tf.reduce_sum(tf.sin(whole)), tf.reduce_sum(tf.sin(split))
+    np.testing.assert_allclose(split.numpy(), whole.numpy(), rtol=1e-5, atol=1e-6)
+    for g_split, g_whole in zip(tape.gradient(loss_split, mlp.trainable_variables),
+                                tape.gradient(loss_whole, mlp.trainable_variables)):
+        np.testing.assert_allclose(g_split.numpy(), g_whole.numpy(), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="rows 5:12"):
+        mlp.first_layer_part(a, 5)  # 5 features where the kernel's rows 5:12 need 7
