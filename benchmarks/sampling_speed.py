@@ -15,7 +15,11 @@ uint8, action repeat 4 with max-pooling, no sticky actions, 18 actions); RLlib's
 wrapped as its DreamerV3 Atari example does (`wrap_atari_for_new_api_stack`, 64×64×3 RGB
 normalised to float32, frame skip 4 with max-pooling, no sticky actions, 6 actions, plus its
 no-op starts, life-loss episodes and FIRE on reset). RLlib's side needs torch (the `[bench]`
-extra) and runs with as many torch threads as this process may use cores.
+extra) and runs with as many torch threads as this process may use cores (its fastest setting
+here; `--torch-threads 1` was slower). Ours runs with `--tf-threads` TF threads (default 1: what
+a remote EnvRunner with `num_cpus_per_env_runner=1` uses; idle TF threads spinning beside the
+envs slow sampling down) and its default `overlap_policy_and_envs` ("auto": Pong with 8 envs
+steps one half of the envs while the policy acts for the other half; CartPole runs in lockstep).
 """
 
 import argparse
@@ -85,8 +89,9 @@ def measure_ours(env, num_envs, size, args):
         rate = steps_per_second(
             lambda n: runner.sample(num_timesteps=n, explore=True, random_actions=False),
             count, args)
-        return describe("ours", rate, runner.envs[0].observation_space,
-                        runner.envs[0].action_space)
+        return {**describe("ours", rate, runner.envs[0].observation_space,
+                           runner.envs[0].action_space),
+                "ours_overlap": runner.overlaps_policy_and_envs}
     finally:
         runner.stop()
 
@@ -140,6 +145,7 @@ def measure(env, num_envs, size, args):
             traceback.print_exc()
             row[f"{side}_error"] = f"{type(err).__name__}: {err}"[:300]
             ok = False
+    row["tf_threads"] = args.tf_threads or "default"
     if args.torch:
         row["torch_threads"] = args.torch_threads
     if "ours_steps_per_s" in row and "theirs_steps_per_s" in row:
@@ -164,6 +170,9 @@ def parse_args(argv=None):
                         help="skip RLlib's torch DreamerV3")
     parser.add_argument("--torch-threads", type=int,
                         help="torch threads for RLlib's side (default: the usable cores)")
+    parser.add_argument("--tf-threads", type=int, default=1,
+                        help="TF threads for our side (default 1, a remote EnvRunner's; 0: TF's "
+                             "default)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -173,6 +182,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.tf_threads:  # before TF runs its first op, or it has no effect
+        from rllib_dreamerv3.tf_rllib import limit_tf_threads
+
+        limit_tf_threads(args.tf_threads)
     if args.torch:
         try:
             import torch

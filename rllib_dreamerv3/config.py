@@ -51,7 +51,11 @@ HYPERPARAMETERS = {
     "precision": ("float32", "matmul/conv precision: 'float32', or 'bfloat16' (mixed precision "
                   "for GPUs: float32 variables, norms and losses; slower on most CPUs)"),
     "jit_compile": (True, "compile the update and the policy with XLA"),
-    "tf_num_threads": (None, "cap TF's thread pools per process (None: TF's default)"),
+    "tf_num_threads": (None, "cap TF's thread pools per process (None: TF's default in the "
+                       "driver and Learner; num_cpus_per_env_runner in remote EnvRunners)"),
+    "overlap_policy_and_envs": (
+        "auto", "EnvRunners step half their envs while the policy acts for the other half "
+        "(True/False; 'auto': on for image observations with >= 2 envs per runner)"),
 }
 
 _POSITIVE_INTS = ("training_ratio", "batch_size_B", "horizon_H", "replay_capacity",
@@ -164,6 +168,14 @@ class DreamerV3Config(AlgorithmConfig):
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
                 self._value_error(f"{name}={value!r} must be an integer >= 0.")
+        overlap = self.overlap_policy_and_envs
+        if not (isinstance(overlap, bool) or (isinstance(overlap, str) and overlap == "auto")):
+            self._value_error(f"overlap_policy_and_envs={self.overlap_policy_and_envs!r} must be "
+                              "'auto', True or False.")
+        if self.overlap_policy_and_envs is True and self.num_envs_per_env_runner < 2:
+            self._value_error("overlap_policy_and_envs=True needs num_envs_per_env_runner >= 2 "
+                              f"(got {self.num_envs_per_env_runner}): it splits each runner's "
+                              "envs into two groups.")
         if self.precision not in PRECISIONS:
             self._value_error(f"precision={self.precision!r} must be one of {PRECISIONS}.")
         if (not isinstance(self.batch_length_T, numbers.Integral)

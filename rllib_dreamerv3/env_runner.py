@@ -5,7 +5,14 @@ is_terminal)`: the action is the one taken after seeing `obs` (zeros on an episo
 the reward is the one received on arriving at `obs`. A terminated episode's last step has
 `is_terminal=True`; a truncated one's has `is_terminal=False` (the episode did not end in the
 environment, so the continue head must not learn a terminal there).
+
+With `overlap_policy_and_envs` (on by default for image observations and >= 2 envs), the envs
+form two groups: while the compiled policy computes one group's actions on a worker thread (TF
+releases the GIL), the main thread steps the other group's envs. Every env still acts on its
+latest observation; only the grouping of policy calls (and so the random draws) differs.
 """
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import ray
@@ -24,7 +31,7 @@ from ray.tune.registry import ENV_CREATOR, _global_registry
 
 from rllib_dreamerv3.atari import is_atari_id, make_atari_env
 from rllib_dreamerv3.replay_buffer import FIELDS
-from rllib_dreamerv3.spaces import (action_dim, is_discrete, obs_storage_dtype,
+from rllib_dreamerv3.spaces import (action_dim, is_discrete, is_image, obs_storage_dtype,
                                     rescale_action)
 from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
 
@@ -83,7 +90,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         ensure_tf2_behavior()
         super().__init__(config=config, **kwargs)
-        limit_tf_threads(getattr(self.config, "tf_num_threads", None))
+        limit_tf_threads(self._tf_threads())
         self._given_spaces = kwargs.get("spaces")
         self.num_envs = self.config.num_envs_per_env_runner
         has_env = (self.worker_index > 0 or self.config.num_env_runners == 0
@@ -98,7 +105,24 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         if self.config.seed is not None:
             self.module.set_policy_seed(self.config.seed + self.worker_index)
         self._pending = None  # per env: the current observation's record, waiting for an action
-        self._needs_policy_reset = False  # after random-action steps the policy state is stale
+        self._pool = None  # the policy's worker thread when envs and policy overlap
+
+    def _tf_threads(self):
+        """TF threads of this process: `tf_num_threads`, else for a remote runner the CPUs Ray
+        gives it (like Ray's OMP_NUM_THREADS; idle TF threads spinning next to the envs slow
+        sampling down), else TF's default (the local runner shares the Learner's process)."""
+        threads = getattr(self.config, "tf_num_threads", None)
+        if threads is None and self.worker_index > 0:
+            threads = max(1, round(self.config.num_cpus_per_env_runner or 1))
+        return threads
+
+    @property
+    def overlaps_policy_and_envs(self):
+        """Whether `sample()` steps one group of envs while the policy acts for the other."""
+        overlap = self.config.overlap_policy_and_envs
+        if overlap == "auto":
+            return self.num_envs >= 2 and is_image(self.module.observation_space)
+        return bool(overlap) and self.num_envs >= 2
 
     # --- RLlib plumbing -------------------------------------------------------------------------
     def get_spaces(self):
@@ -138,6 +162,8 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         return (), {"config": self.config, "spaces": self.get_spaces()}
 
     def stop(self):
+        if self._pool is not None:
+            self._pool.shutdown()
         for env in self.envs:
             env.close()
 
@@ -157,7 +183,9 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._pending = [self._reset_env(i) for i in range(self.num_envs)]
         self._state = {k: np.repeat(v[None], self.num_envs, 0)
                        for k, v in self.module.get_initial_state().items()}
-        self._needs_policy_reset = False
+        # Envs whose policy state is stale (random-action steps): their next policy call
+        # treats them as first steps.
+        self._restart_policy = np.zeros(self.num_envs, bool)
 
     def _random_actions(self):
         """Uniform random actions from the runner's seeded RNG: (env actions, model actions)."""
@@ -170,12 +198,45 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         env_actions = rescale_action(model_actions, space.low, space.high)
         return env_actions.astype(space.dtype), model_actions.astype(np.float32)
 
-    def _policy_actions(self, explore, is_first):
-        obs = np.stack([p["obs"] for p in self._pending])
+    def _policy(self, explore, envs):
+        """Actions of the envs `envs` (index array) from their pending observations.
+
+        Returns `(env actions, model actions, new policy state)`; changes nothing (so that it can
+        run on the worker thread): :meth:`_commit` stores the state once the actions are used.
+        """
+        obs = np.stack([self._pending[i]["obs"] for i in envs])
+        is_first = (np.array([self._pending[i]["is_first"] for i in envs])
+                    | self._restart_policy[envs])
         out = self.module.forward_exploration if explore else self.module.forward_inference
-        result = out({"obs": obs, "is_first": is_first, "state_in": self._state})
-        self._state = result["state_out"]
-        return result["actions"].numpy(), result["actions_model"].numpy()
+        result = out({"obs": obs, "is_first": is_first,
+                      "state_in": {k: v[envs] for k, v in self._state.items()}})
+        state = {k: v.numpy() for k, v in result["state_out"].items()}
+        return result["actions"].numpy(), result["actions_model"].numpy(), state
+
+    def _commit(self, envs, state):
+        for key, value in state.items():
+            self._state[key][envs] = value
+        self._restart_policy[envs] = False
+
+    def _step_envs(self, envs, env_actions, model_actions, records):
+        """Step the envs `envs` with their actions; returns how many episodes ended."""
+        ended = 0
+        for i, env_action, model_action in zip(envs, env_actions, model_actions):
+            records[i].append({**self._pending[i], "actions": model_action})
+            obs, reward, terminated, truncated, _ = self.envs[i].step(env_action)
+            self._returns[i] += reward
+            self._lengths[i] += 1
+            if terminated or truncated:
+                records[i].append({"obs": obs, "actions": np.zeros(self._action_dim),
+                                   "rewards": reward, "is_first": False,
+                                   "is_terminal": bool(terminated)})
+                self._log_episode(self._returns[i], self._lengths[i])
+                ended += 1
+                self._pending[i] = self._reset_env(i)
+            else:
+                self._pending[i] = {"obs": obs, "rewards": reward, "is_first": False,
+                                    "is_terminal": False}
+        return ended
 
     def sample(self, *, num_timesteps=None, num_episodes=None, explore=None,
                random_actions=False, force_reset=False, **kwargs):
@@ -201,35 +262,15 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         steps_per_env = (-(-num_timesteps // self.num_envs) if num_timesteps
                          else self.config.steps_per_sample)
         records = [[] for _ in range(self.num_envs)]
-        steps_done = episodes_done = 0
-        while (episodes_done < num_episodes if num_episodes is not None
-               else steps_done < steps_per_env):
-            steps_done += 1
-            is_first = np.array([p["is_first"] for p in self._pending])
-            if random_actions:
-                env_actions, model_actions = self._random_actions()
-                # The policy's recurrent state did not follow these steps: restart it.
-                self._needs_policy_reset = True
-            else:
-                if self._needs_policy_reset:
-                    is_first = np.ones(self.num_envs, bool)
-                    self._needs_policy_reset = False
-                env_actions, model_actions = self._policy_actions(explore, is_first)
-            for i, env in enumerate(self.envs):
-                records[i].append({**self._pending[i], "actions": model_actions[i]})
-                obs, reward, terminated, truncated, _ = env.step(env_actions[i])
-                self._returns[i] += reward
-                self._lengths[i] += 1
-                if terminated or truncated:
-                    records[i].append({"obs": obs, "actions": np.zeros(self._action_dim),
-                                       "rewards": reward, "is_first": False,
-                                       "is_terminal": bool(terminated)})
-                    self._log_episode(self._returns[i], self._lengths[i])
-                    episodes_done += 1
-                    self._pending[i] = self._reset_env(i)
-                else:
-                    self._pending[i] = {"obs": obs, "rewards": reward, "is_first": False,
-                                        "is_terminal": False}
+
+        def more(steps_done, episodes_done):
+            return (episodes_done < num_episodes if num_episodes is not None
+                    else steps_done < steps_per_env)
+
+        if random_actions or not self.overlaps_policy_and_envs:
+            steps_done = self._sample_in_lockstep(explore, random_actions, records, more)
+        else:
+            steps_done = self._sample_overlapped(explore, records, more)
         num_steps = steps_done * self.num_envs
         self.num_env_steps_sampled_lifetime += num_steps
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
@@ -237,6 +278,54 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                                with_throughput=True)
         return [ReplayChunk((self.worker_index, i), self._stack(recs), steps_done)
                 for i, recs in enumerate(records)]
+
+    def _sample_in_lockstep(self, explore, random_actions, records, more):
+        """One policy call for all envs, then every env steps; returns steps per env."""
+        everyone = np.arange(self.num_envs)
+        steps_done = episodes_done = 0
+        while more(steps_done, episodes_done):
+            steps_done += 1
+            if random_actions:
+                env_actions, model_actions = self._random_actions()
+                # The policy's recurrent state did not follow these steps: restart it.
+                self._restart_policy[:] = True
+            else:
+                env_actions, model_actions, state = self._policy(explore, everyone)
+                self._commit(everyone, state)
+            episodes_done += self._step_envs(everyone, env_actions, model_actions, records)
+        return steps_done
+
+    def _sample_overlapped(self, explore, records, more):
+        """Two env groups A and B: B's policy call runs while A's envs step, and A's next one
+        while B's envs step. In `num_episodes` mode A's next actions are computed before it is
+        known whether the loop goes on; unused, they are dropped (their state is not stored)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dreamer_policy")
+        group_a, group_b = np.array_split(np.arange(self.num_envs), 2)
+        steps_done = episodes_done = 0
+        if not more(steps_done, episodes_done):
+            return 0
+        actions_a = self._policy(explore, group_a)
+        while True:
+            self._commit(group_a, actions_a[2])
+            steps_done += 1
+            pending_b = self._pool.submit(self._policy, explore, group_b)
+            try:
+                episodes_done += self._step_envs(group_a, *actions_a[:2], records)
+            finally:
+                actions_b = pending_b.result()
+            self._commit(group_b, actions_b[2])
+            if not more(steps_done, episodes_done):  # steps and episodes only grow: the last round
+                episodes_done += self._step_envs(group_b, *actions_b[:2], records)
+                break
+            pending_a = self._pool.submit(self._policy, explore, group_a)
+            try:
+                episodes_done += self._step_envs(group_b, *actions_b[:2], records)
+            finally:
+                actions_a = pending_a.result()
+            if not more(steps_done, episodes_done):
+                break
+        return steps_done
 
     def _stack(self, records):
         out = {key: np.asarray([r[key] for r in records]) for key in FIELDS}

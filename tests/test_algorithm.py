@@ -214,3 +214,58 @@ def test_env_runner_sampling_is_reproducible_with_a_seed():
     (_, a), (_, b) = runs[0][0], runs[1][0]
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def _greedy_chunks(overlap, calls):
+    config = tiny_config(overlap_policy_and_envs=overlap).env_runners(num_envs_per_env_runner=4)
+    runner = DreamerV3EnvRunner(config=config, worker_index=0)
+    assert runner.overlaps_policy_and_envs is overlap
+    try:
+        chunks = [runner.sample(explore=False, **kwargs) for kwargs in calls]
+        return chunks, {key: value.copy() for key, value in runner._state.items()}
+    finally:
+        runner.stop()
+
+
+def test_overlapped_sampling_records_what_lockstep_sampling_records():
+    """Greedy actions are deterministic, so grouping the policy calls in two halves (while the
+    other half's envs step) must give the same records, across calls and with resets."""
+    calls = [{"num_timesteps": 40}, {"num_timesteps": 20}, {"num_episodes": 3},
+             {"num_timesteps": 8, "random_actions": True}, {"num_timesteps": 12}]
+    (lockstep, state_ref), (overlapped, state) = (_greedy_chunks(False, calls),
+                                                  _greedy_chunks(True, calls))
+    assert len(lockstep[2][0][1]["obs"]) > 0
+    for key in state_ref:  # every env's recurrent state followed its own observations
+        np.testing.assert_allclose(state[key], state_ref[key], rtol=1e-5, atol=1e-6)
+    for call, (ours, ref) in enumerate(zip(overlapped, lockstep)):
+        assert [key for key, _ in ours] == [key for key, _ in ref]
+        for (_, a), (_, b) in zip(ours, ref):
+            for key in b:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"call {call}: {key}")
+
+
+def test_overlap_is_on_by_default_for_image_envs_with_several_envs():
+    def runner(env, num_envs):
+        config = tiny_config(env).env_runners(num_envs_per_env_runner=num_envs)
+        return DreamerV3EnvRunner(config=config, worker_index=0)
+
+    for env, num_envs, expected in [("ALE/Pong-v5", 2, True), ("ALE/Pong-v5", 1, False),
+                                    ("CartPole-v1", 4, False)]:
+        r = runner(env, num_envs)
+        assert r.overlaps_policy_and_envs is expected, (env, num_envs)
+        r.stop()
+
+
+def test_remote_env_runners_use_their_cpus_as_tf_threads():
+    from types import SimpleNamespace
+
+    def threads(worker_index, **settings):
+        config = (DreamerV3Config().training(**settings.pop("training", {}))
+                  .env_runners(**settings))
+        fake = SimpleNamespace(config=config, worker_index=worker_index)
+        return DreamerV3EnvRunner._tf_threads(fake)
+
+    assert threads(1) == 1  # num_cpus_per_env_runner defaults to 1
+    assert threads(2, num_cpus_per_env_runner=3) == 3
+    assert threads(1, training={"tf_num_threads": 4}) == 4
+    assert threads(0) is None  # the local runner shares the Learner's process

@@ -59,6 +59,9 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
     ("dream_burn_in", 64, "dream_burn_in=64 must be an integer in [1, batch_length_T=64)"),
     ("dream_num_sequences", 0, "dream_num_sequences=0 must be a positive integer"),
     ("precision", "float16", "precision='float16' must be one of ('float32', 'bfloat16')"),
+    ("overlap_policy_and_envs", "yes", "overlap_policy_and_envs='yes' must be 'auto', True"),
+    ("overlap_policy_and_envs", True, "overlap_policy_and_envs=True needs "
+     "num_envs_per_env_runner >= 2 (got 1)"),
 ])
 def test_bad_values_are_named(key, value, message):
     config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
