@@ -106,9 +106,11 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp):
         critic's variables; the actor loss is meant to update only the actor's variables.
     """
     wm, actor, critic = model.world_model, model.actor, model.critic
-    reward = wm.reward(feat)
-    cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)  # mode of the continue head
-    cont = tf.concat([start_cont[None], cont[1:]], 0)
+    # The heads run on the imagined states only: the start states' reward is unused and their
+    # continue flag is the real one.
+    reward = tf.concat([tf.zeros_like(start_cont)[None], wm.reward(feat[1:])], 0)
+    cont = tf.cast(wm.continue_logit(feat[1:]) > 0.0, tf.float32)  # mode of the continue head
+    cont = tf.concat([start_cont[None], cont], 0)
     # The critic's own loss sees its inputs without gradient. With discrete actions the returns
     # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
     # backpropagate the returns into the actor and need the critic on `feat` itself.
@@ -120,10 +122,13 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp):
 
     critic_logits = critic_logits_all[:-1]
     ema_value = model.critic_ema.value(sg(feat[:-1]))
-    critic_target_loss = math_ops.two_hot_loss(critic_logits, sg(returns), critic.bins)
-    critic_reg_loss = math_ops.two_hot_loss(critic_logits, sg(ema_value), critic.bins)
+    # Cross-entropy towards the returns plus the regulariser's towards the EMA critic's values:
+    # both of the same logits, so one log-softmax with the two label sets added serves both.
+    labels = (math_ops.two_hot(math_ops.symlog(sg(returns)), critic.bins)
+              + hp.critic_ema_regularizer
+              * math_ops.two_hot(math_ops.symlog(sg(ema_value)), critic.bins))
     critic_loss = tf.reduce_mean(
-        weights * (critic_target_loss + hp.critic_ema_regularizer * critic_reg_loss))
+        weights * -tf.reduce_sum(labels * tf.nn.log_softmax(critic_logits), -1))
 
     scale = math_ops.return_scale_update(model.return_scale, sg(returns),
                                          hp.return_normalization_decay)

@@ -134,6 +134,40 @@ def test_observe_matches_a_loop_of_observe_steps():
             np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_critic_loss_and_returns_match_a_direct_evaluation():
+    """The critic loss (one log-softmax for both of its targets) and the returns (heads run on
+    the imagined states only) equal the SPEC's terms computed one by one on all states."""
+    from rllib_dreamerv3 import math_ops
+
+    model, _ = build("nano")
+    wm, critic = model.world_model, model.critic
+    for variable in (wm.reward_head.out.w, *model.critic_ema.variables):  # non-trivial heads
+        variable.assign(variable + tf.random.normal(variable.shape, stddev=0.3, seed=7))
+    n, hp = 6, hparams()
+    h = tf.random.normal([n, wm.size.gru_units], seed=8)
+    z = wm.sample_z(tf.random.normal([n, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
+    feat, actions, dist = losses.imagine(model, h, z, hp.horizon_H,
+                                         random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
+    start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    _, critic_loss, _, metrics = losses.actor_critic_losses(model, feat, actions, dist,
+                                                            start_cont, hp)
+
+    cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
+    cont = tf.concat([start_cont[None], cont[1:]], 0)
+    returns = math_ops.lambda_returns(wm.reward(feat), cont, critic.value(feat), hp.gamma,
+                                      hp.gae_lambda)
+    weights = math_ops.trajectory_weights(cont, hp.gamma)
+    logits = critic(feat[:-1])
+    reference = tf.reduce_mean(weights * (
+        math_ops.two_hot_loss(logits, returns, critic.bins)
+        + hp.critic_ema_regularizer * math_ops.two_hot_loss(
+            logits, model.critic_ema.value(feat[:-1]), critic.bins)))
+    assert abs(float(tf.reduce_mean(returns))) > 1e-3  # the reward head is not zero
+    np.testing.assert_allclose(metrics["imagined_return_mean"], tf.reduce_mean(returns),
+                               rtol=1e-5)
+    np.testing.assert_allclose(critic_loss, reference, rtol=1e-5)
+
+
 def test_world_model_loss_terms_at_init():
     model, _ = build()
     _, metrics, (h, z) = losses.world_model_loss(
