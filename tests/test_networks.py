@@ -25,17 +25,20 @@ def _reference(conv, x):
 
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("kernel, size", [(4, 16), (4, 8), (2, 8), (6, 12), (4, 2)])
-def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size):
+@pytest.mark.parametrize("channels", [3, 8])  # 8: one matmul per window; 3: one for all
+def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size, channels):
     tf.random.set_seed(0)
-    conv = Conv(3, 5, kernel, 2, transpose=transpose, bias=False)
-    x = tf.random.normal([2, size, size + 2, 3])
+    conv = Conv(channels, channels + 2, kernel, 2, transpose=transpose, bias=False)
+    thin = 4 * (channels + 2 if transpose else channels)
+    assert (thin >= networks.WINDOW_MATMULS_MIN_WIDTH) == (channels == 8)
+    x = tf.random.normal([2, size, size + 2, channels])
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
         ours, ref = _matmul(conv, x), _reference(conv, x)
         loss_ours = tf.reduce_sum(ours * tf.sin(ours))
         loss_ref = tf.reduce_sum(ref * tf.sin(ref))
     scale = 2 if transpose else 0.5
-    assert ours.shape == (2, int(size * scale), int((size + 2) * scale), 5)
+    assert ours.shape == (2, int(size * scale), int((size + 2) * scale), channels + 2)
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
     for a, b in zip(tape.gradient(loss_ours, [x, conv.w]), tape.gradient(loss_ref, [x, conv.w])):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
