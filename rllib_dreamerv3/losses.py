@@ -72,33 +72,36 @@ def world_model_loss(model, batch, seeds, hp):
 def imagine(model, h, z, horizon, seeds):
     """Roll the actor through the world model for `horizon` steps from start states `[N, ...]`.
 
-    Returns features `[H + 1, N, F]` (index 0: start states), actions `[H, N, A]` and the actor's
+    Returns features `[H + 1, N, F]` (index 0: start states), actions `[H, N, A]`, the actor's
     distribution parameters on the first `H` features (`[H, N, A]` each; reused by the actor loss
-    instead of a second actor pass). Discrete actions are fed to the dynamics without gradient
-    (REINFORCE needs none); continuous actions keep their reparameterised gradient so returns
-    can be backpropagated into the actor.
+    instead of a second actor pass) and the latents' classes `[H + 1, N, K]` (for heads that
+    need no gradient to `z`, see :meth:`WorldModel.head`). Discrete actions are fed to the
+    dynamics without gradient (REINFORCE needs none); continuous actions keep their
+    reparameterised gradient so returns can be backpropagated into the actor.
     """
     wm, actor = model.world_model, model.actor
-    feats, actions, dists = [tf.concat([h, z], -1)], [], []
+    feats, actions, dists, indices = [tf.concat([h, z], -1)], [], [], [wm.z_index(z)]
     for t in range(horizon):
         dist = actor.dist(feats[-1])
         action = actor.sample(dist, seeds[2 * t])
         if actor.discrete:
             action = sg(action)
-        h, z = wm.imagine_step(h, z, action, seeds[2 * t + 1])
+        h, z, index = wm.imagine_step(h, z, action, seeds[2 * t + 1], with_index=True)
         feats.append(tf.concat([h, z], -1))
         actions.append(action)
         dists.append(dist)
+        indices.append(index)
     dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
-    return tf.stack(feats, 0), tf.stack(actions, 0), dists
+    return tf.stack(feats, 0), tf.stack(actions, 0), dists, tf.stack(indices, 0)
 
 
-def actor_critic_losses(model, feat, actions, dist, start_cont, hp):
+def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None):
     """Critic and actor losses on an imagined trajectory, and the new return scale.
 
     Args:
         feat: `[H + 1, N, F]`, actions: `[H, N, A]`, dist: the actor's distribution parameters
-            on `feat[:-1]`, all three from :func:`imagine`.
+            on `feat[:-1]`, z_index: the latents' classes `[H + 1, N, K]` (read from `feat` if
+            not given), all four from :func:`imagine`.
         start_cont: `[N]` real `1 - is_terminal` of the start states.
 
     Returns:
@@ -106,10 +109,17 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp):
         critic's variables; the actor loss is meant to update only the actor's variables.
     """
     wm, actor, critic = model.world_model, model.actor, model.critic
-    # The heads run on the imagined states only: the start states' reward is unused and their
-    # continue flag is the real one.
-    reward = tf.concat([tf.zeros_like(start_cont)[None], wm.reward(feat[1:])], 0)
-    cont = tf.cast(wm.continue_logit(feat[1:]) > 0.0, tf.float32)  # mode of the continue head
+    # Heads through which no gradient flows take the latents as class indices (WorldModel.head:
+    # kernel-row sums instead of matmuls with one-hot inputs). The reward and continue heads run
+    # on the imagined states only: the start states' reward is unused and their continue flag
+    # is the real one.
+    h = sg(feat[..., :wm.size.gru_units])
+    z_index = wm.z_index(feat[..., wm.size.gru_units:]) if z_index is None else z_index
+    reward = (math_ops.two_hot_mean(wm.head(wm.reward_head, h[1:], z_index[1:]), wm.bins)
+              if actor.discrete else wm.reward(feat[1:]))  # continuous: returns need gradients
+    reward = tf.concat([tf.zeros_like(start_cont)[None], reward], 0)
+    cont_logit = wm.head(wm.continue_head, h[1:], z_index[1:])[..., 0]
+    cont = tf.cast(cont_logit > 0.0, tf.float32)  # mode of the continue head
     cont = tf.concat([start_cont[None], cont], 0)
     # The critic's own loss sees its inputs without gradient. With discrete actions the returns
     # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
@@ -121,7 +131,8 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp):
     weights = math_ops.trajectory_weights(cont, hp.gamma)
 
     critic_logits = critic_logits_all[:-1]
-    ema_value = model.critic_ema.value(sg(feat[:-1]))
+    ema_value = math_ops.two_hot_mean(wm.head(model.critic_ema.mlp, h[:-1], z_index[:-1]),
+                                      critic.bins)
     # Cross-entropy towards the returns plus the regulariser's towards the EMA critic's values:
     # both of the same logits, so one log-softmax with the two label sets added serves both.
     labels = (math_ops.two_hot(math_ops.symlog(sg(returns)), critic.bins)

@@ -52,12 +52,25 @@ class WorldModel(tf.Module):
         """Unimix probabilities `[N, K, C]` from logits `[N, K, C]`."""
         return math_ops.unimix_probs(logits, self.unimix)
 
-    def sample_z(self, logits, seed):
-        """Straight-through one-hot sample `[N, K * C]` of the categoricals given by `logits`."""
+    def sample_z(self, logits, seed, with_index=False):
+        """Straight-through one-hot sample `[N, K * C]` of the categoricals given by `logits`;
+        with `with_index`, also the sampled classes `[N, K]`."""
         probs = self.probs(logits)
         idx = random_ops.categorical(tf.reshape(probs, [-1, self.size.num_classes]), seed)
         sample = tf.reshape(tf.one_hot(idx, self.size.num_classes), tf.shape(probs))
-        return tf.reshape(math_ops.straight_through(sample, probs), [-1, self.stoch_dim])
+        z = tf.reshape(math_ops.straight_through(sample, probs), [-1, self.stoch_dim])
+        return (z, tf.reshape(idx, [-1, self.size.num_categoricals])) if with_index else z
+
+    def z_index(self, z):
+        """Classes `[..., K]` of a (straight-through) one-hot `z` `[..., K * C]`."""
+        return tf.argmax(tf.reshape(z, [*z.shape[:-1], *self.stoch_shape]), -1,
+                         output_type=tf.int32)
+
+    def head(self, mlp, h, z_index):
+        """`mlp([h, z])` with `z` given by its classes (no gradient to `z`): the latent's share
+        of the first layer is a sum of kernel rows (:meth:`MLP.first_layer_onehot_part`)."""
+        return mlp(h, rest=mlp.first_layer_onehot_part(z_index, self.size.gru_units,
+                                                       self.size.num_classes))
 
     def mode_z(self, logits):
         """Most likely class of every categorical, one-hot `[N, K * C]`."""
@@ -123,10 +136,12 @@ class WorldModel(tf.Module):
         h, z, post = self._posterior_step(h, z, prev_action, embed, is_first, seed, sample)
         return h, z, post, self.prior_logits(h)
 
-    def imagine_step(self, h, z, action, seed):
-        """One prior step: advance `h` with the chosen action, sample `z` from the prior."""
+    def imagine_step(self, h, z, action, seed, with_index=False):
+        """One prior step: advance `h` with the chosen action, sample `z` from the prior (and
+        with `with_index`, also return its classes `[N, K]`)."""
         h = self.sequence_step(h, z, action)
-        return h, self.sample_z(self.prior_logits(h), seed)
+        sample = self.sample_z(self.prior_logits(h), seed, with_index)
+        return (h, *sample) if with_index else (h, sample)
 
     def observe(self, embed, prev_action, is_first, seeds):
         """Posterior states along whole sequences (time-major).

@@ -141,16 +141,19 @@ def test_critic_loss_and_returns_match_a_direct_evaluation():
 
     model, _ = build("nano")
     wm, critic = model.world_model, model.critic
-    for variable in (wm.reward_head.out.w, *model.critic_ema.variables):  # non-trivial heads
+    for variable in (wm.reward_head.out.w, *wm.continue_head.variables,
+                     *model.critic_ema.variables):  # non-trivial heads
         variable.assign(variable + tf.random.normal(variable.shape, stddev=0.3, seed=7))
     n, hp = 6, hparams()
     h = tf.random.normal([n, wm.size.gru_units], seed=8)
     z = wm.sample_z(tf.random.normal([n, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
-    feat, actions, dist = losses.imagine(model, h, z, hp.horizon_H,
-                                         random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
+    feat, actions, dist, z_index = losses.imagine(
+        model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
     start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
     _, critic_loss, _, metrics = losses.actor_critic_losses(model, feat, actions, dist,
-                                                            start_cont, hp)
+                                                            start_cont, hp, z_index)
+    # The classes imagine() returns are those of its one-hot latents.
+    np.testing.assert_array_equal(z_index, wm.z_index(feat[..., wm.size.gru_units:]))
 
     cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
     cont = tf.concat([start_cont[None], cont[1:]], 0)

@@ -92,3 +92,16 @@ def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatena
         np.testing.assert_allclose(g_split.numpy(), g_whole.numpy(), rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="rows 5:12"):
         mlp.first_layer_part(a, 5)  # 5 features where the kernel's rows 5:12 need 7
+
+
+def test_onehot_partial_equals_the_matmul_with_the_one_hot_features():
+    tf.random.set_seed(0)
+    mlp = MLP(5 + 3 * 4, 8, 1)  # 5 plain features, then 3 one-hot groups of 4 classes
+    index = tf.constant([[0, 3, 1], [2, 2, 0], [3, 0, 3]])
+    onehot = tf.reshape(tf.one_hot(index, 4), [3, 12])
+    np.testing.assert_allclose(mlp.first_layer_onehot_part(index, 5, 4).numpy(),
+                               mlp.first_layer_part(onehot, 5).numpy(), rtol=1e-6, atol=1e-6)
+    a = tf.random.normal([3, 5], seed=1)
+    np.testing.assert_allclose(
+        mlp(a, rest=mlp.first_layer_onehot_part(index, 5, 4)).numpy(),
+        mlp(tf.concat([a, onehot], -1)).numpy(), rtol=1e-5, atol=1e-6)
