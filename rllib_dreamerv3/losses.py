@@ -86,7 +86,10 @@ def imagine(model, h, z, horizon, seeds):
         action = actor.sample(dist, seeds[2 * t])
         if actor.discrete:
             action = sg(action)
-        h, z, index = wm.imagine_step(h, z, action, seeds[2 * t + 1], with_index=True)
+        # Discrete actions: nothing backpropagates through the dynamics, so the latent enters
+        # them as class indices (kernel-row sums instead of a one-hot matmul).
+        h, z, index = wm.imagine_step(h, z, action, seeds[2 * t + 1], with_index=True,
+                                      z_index=indices[-1] if actor.discrete else None)
         feats.append(tf.concat([h, z], -1))
         actions.append(action)
         dists.append(dist)

@@ -101,6 +101,10 @@ class DenseBlock(tf.Module):
         """`x`: the input; or its first features, with `rest` the other features' contribution
         (`self.dense.partial(...)`, see :meth:`Dense.partial`)."""
         pre = self.dense(x) if rest is None else self.dense.partial(x, 0, x.shape[-1]) + rest
+        return self.activate(pre)
+
+    def activate(self, pre):
+        """LayerNorm -> SiLU of a pre-activation computed by the caller from `self.dense`."""
         return tf.nn.silu(self.norm(pre))
 
 

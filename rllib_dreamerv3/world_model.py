@@ -116,9 +116,18 @@ class WorldModel(tf.Module):
         return (mask * h0 + (1.0 - mask) * h, mask * z0 + (1.0 - mask) * z,
                 (1.0 - mask) * prev_action)
 
-    def sequence_step(self, h, z, action):
-        """`h_t = GRU(h_{t-1}, DenseBlock([z_{t-1}, a_{t-1}]))`."""
-        return self.gru(self.gru_input(tf.concat([z, action], -1)), h)
+    def sequence_step(self, h, z, action, z_index=None):
+        """`h_t = GRU(h_{t-1}, DenseBlock([z_{t-1}, a_{t-1}]))`.
+
+        `z_index`: the classes of `z` `[N, K]`; if given, `z`'s share of the input layer is a
+        sum of kernel rows (:meth:`Dense.onehot_partial`) and no gradient reaches `z`.
+        """
+        if z_index is None:
+            return self.gru(self.gru_input(tf.concat([z, action], -1)), h)
+        dense = self.gru_input.dense
+        pre = (dense.onehot_partial(z_index, 0, self.size.num_classes)
+               + dense.partial(action, self.stoch_dim, dense.w.shape[0]))
+        return self.gru(self.gru_input.activate(pre), h)
 
     def _posterior_step(self, h, z, prev_action, embed, is_first, seed, sample=True,
                         initial=None, embed_part=None):
@@ -136,10 +145,11 @@ class WorldModel(tf.Module):
         h, z, post = self._posterior_step(h, z, prev_action, embed, is_first, seed, sample)
         return h, z, post, self.prior_logits(h)
 
-    def imagine_step(self, h, z, action, seed, with_index=False):
+    def imagine_step(self, h, z, action, seed, with_index=False, z_index=None):
         """One prior step: advance `h` with the chosen action, sample `z` from the prior (and
-        with `with_index`, also return its classes `[N, K]`)."""
-        h = self.sequence_step(h, z, action)
+        with `with_index`, also return its classes `[N, K]`). `z_index`: the classes of the
+        given `z`, for a step that needs no gradient to `z` (see :meth:`sequence_step`)."""
+        h = self.sequence_step(h, z, action, z_index)
         sample = self.sample_z(self.prior_logits(h), seed, with_index)
         return (h, *sample) if with_index else (h, sample)
 

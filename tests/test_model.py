@@ -274,3 +274,13 @@ def test_bfloat16_matmuls_stay_close_to_float32():
     f32, bf16 = losses_by_dtype[tf.float32], losses_by_dtype[tf.bfloat16]
     assert f32 != bf16  # the matmuls really ran in bfloat16 ...
     assert bf16 == pytest.approx(f32, rel=0.05)  # ... with bfloat16's ~3 significant digits
+
+
+def test_sequence_step_with_latent_classes_equals_the_one_hot_step():
+    model, _ = build("micro")
+    wm = model.world_model
+    h = tf.random.normal([5, wm.size.gru_units], seed=1)
+    z = wm.sample_z(tf.random.normal([5, *wm.stoch_shape], seed=2), tf.constant([3, 4]))
+    action = tf.one_hot([0, 1, 1, 0, 1], 2)
+    np.testing.assert_allclose(wm.sequence_step(h, z, action, wm.z_index(z)).numpy(),
+                               wm.sequence_step(h, z, action).numpy(), rtol=1e-5, atol=1e-6)
