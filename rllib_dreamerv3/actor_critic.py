@@ -24,7 +24,10 @@ class Actor(tf.Module):
 
     def dist(self, feat):
         """Distribution parameters: `probs` (discrete) or `(mean, std)` (continuous)."""
-        out = self.mlp(feat)
+        return self.dist_from_output(self.mlp(feat))
+
+    def dist_from_output(self, out):
+        """:meth:`dist` from the MLP's output `self.mlp(feat)`, computed by the caller."""
         if self.discrete:
             return math_ops.unimix_probs(out, self.unimix)
         mean, std = tf.split(out, 2, -1)

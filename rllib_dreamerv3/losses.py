@@ -82,14 +82,12 @@ def imagine(model, h, z, horizon, seeds):
     wm, actor = model.world_model, model.actor
     feats, actions, dists, indices = [tf.concat([h, z], -1)], [], [], [wm.z_index(z)]
     for t in range(horizon):
-        dist = actor.dist(feats[-1])
+        dist = actor.dist_from_output(wm.head(actor.mlp, h, indices[-1], z))
         action = actor.sample(dist, seeds[2 * t])
         if actor.discrete:
             action = sg(action)
-        # Discrete actions: nothing backpropagates through the dynamics, so the latent enters
-        # them as class indices (kernel-row sums instead of a one-hot matmul).
         h, z, index = wm.imagine_step(h, z, action, seeds[2 * t + 1], with_index=True,
-                                      z_index=indices[-1] if actor.discrete else None)
+                                      z_index=indices[-1])
         feats.append(tf.concat([h, z], -1))
         actions.append(action)
         dists.append(dist)
@@ -112,14 +110,16 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None
         critic's variables; the actor loss is meant to update only the actor's variables.
     """
     wm, actor, critic = model.world_model, model.actor, model.critic
-    # Heads through which no gradient flows take the latents as class indices (WorldModel.head:
-    # kernel-row sums instead of matmuls with one-hot inputs). The reward and continue heads run
-    # on the imagined states only: the start states' reward is unused and their continue flag
-    # is the real one.
-    h = sg(feat[..., :wm.size.gru_units])
-    z_index = wm.z_index(feat[..., wm.size.gru_units:]) if z_index is None else z_index
-    reward = (math_ops.two_hot_mean(wm.head(wm.reward_head, h[1:], z_index[1:]), wm.bins)
-              if actor.discrete else wm.reward(feat[1:]))  # continuous: returns need gradients
+    # The heads take the latents as class indices (WorldModel.head: kernel-row sums instead of
+    # matmuls with one-hot inputs; the critic's weight gradient still comes from the one-hot).
+    # The reward and continue heads run on the imagined states only: the start states' reward
+    # is unused and their continue flag is the real one.
+    h_grad, z_grad = feat[..., :wm.size.gru_units], feat[..., wm.size.gru_units:]
+    h = sg(h_grad)
+    z_index = wm.z_index(z_grad) if z_index is None else z_index
+    # With continuous actions the returns backpropagate into the actor through the rewards.
+    reward = math_ops.two_hot_mean(
+        wm.head(wm.reward_head, h_grad[1:], z_index[1:], z_grad[1:]), wm.bins)
     reward = tf.concat([tf.zeros_like(start_cont)[None], reward], 0)
     cont_logit = wm.head(wm.continue_head, h[1:], z_index[1:])[..., 0]
     cont = tf.cast(cont_logit > 0.0, tf.float32)  # mode of the continue head
@@ -127,9 +127,10 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None
     # The critic's own loss sees its inputs without gradient. With discrete actions the returns
     # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
     # backpropagate the returns into the actor and need the critic on `feat` itself.
-    critic_logits_all = critic(sg(feat))
-    value = (math_ops.two_hot_mean(critic_logits_all, critic.bins) if actor.discrete
-             else critic.value(feat))
+    critic_logits_all = wm.head(critic.mlp, h, z_index, sg(feat[..., wm.size.gru_units:]))
+    value = math_ops.two_hot_mean(
+        critic_logits_all if actor.discrete else wm.head(critic.mlp, h_grad, z_index, z_grad),
+        critic.bins)
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
 

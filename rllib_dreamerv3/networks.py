@@ -62,17 +62,40 @@ class Dense(tf.Module):
         x, w = _in(self.matmul_dtype, x, w)
         return _out(tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1))
 
-    def onehot_partial(self, index, start, num_classes):
+    def onehot_partial(self, index, start, num_classes, onehot=None):
         """`partial(onehot(index), start, ...)` without the one-hot: `index` `[..., K]` holds the
         classes of K one-hot groups of `num_classes` features each (flattened group-major, like
         the latent `z`), so the product is a sum of K kernel rows — K gathers instead of a
-        matmul whose input is almost all zeros (8× faster for the XS latent)."""
-        groups = index.shape[-1]
-        rows = index + (start + num_classes * tf.range(groups))
-        out = tf.gather(self.w, rows[..., 0])
-        for k in range(1, groups):
-            out += tf.gather(self.w, rows[..., k])
-        return out
+        matmul whose input is almost all zeros (8× faster for the XS latent).
+
+        Without `onehot` no gradient reaches the features. With `onehot` (the features
+        themselves, `[..., K * num_classes]`, e.g. a straight-through sample) the gradients are
+        exactly the matmul's: to the kernel `onehot^T @ dy` and to `onehot` `dy @ kernel^T`.
+        """
+        rows = self.w[start:start + index.shape[-1] * num_classes]
+        if onehot is None:
+            return _row_sums(rows, index, num_classes)
+
+        @tf.custom_gradient
+        def row_sums(rows, onehot):
+            def grad(dy):
+                flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
+                flat_x = tf.reshape(onehot, [-1, onehot.shape[-1]])
+                return (tf.matmul(flat_x, flat_dy, transpose_a=True),
+                        tf.reshape(tf.matmul(flat_dy, rows, transpose_b=True), tf.shape(onehot)))
+
+            return _row_sums(rows, index, num_classes), grad
+
+        return row_sums(rows, onehot)
+
+
+def _row_sums(rows, index, num_classes):
+    """`sum_k rows[k * num_classes + index[..., k]]`, `[..., units]`."""
+    flat = index + num_classes * tf.range(index.shape[-1])
+    out = tf.gather(rows, flat[..., 0])
+    for k in range(1, index.shape[-1]):
+        out += tf.gather(rows, flat[..., k])
+    return out
 
 
 class LayerNorm(tf.Module):
@@ -246,10 +269,10 @@ class MLP(tf.Module):
         dense = self.blocks[0].dense
         return dense.partial(x, start, dense.w.shape[0])
 
-    def first_layer_onehot_part(self, index, start, num_classes):
+    def first_layer_onehot_part(self, index, start, num_classes, onehot=None):
         """:meth:`first_layer_part` of one-hot features given by their class indices (see
         :meth:`Dense.onehot_partial`)."""
-        return self.blocks[0].dense.onehot_partial(index, start, num_classes)
+        return self.blocks[0].dense.onehot_partial(index, start, num_classes, onehot)
 
 
 class GRUCell(tf.Module):

@@ -66,11 +66,12 @@ class WorldModel(tf.Module):
         return tf.argmax(tf.reshape(z, [*z.shape[:-1], *self.stoch_shape]), -1,
                          output_type=tf.int32)
 
-    def head(self, mlp, h, z_index):
-        """`mlp([h, z])` with `z` given by its classes (no gradient to `z`): the latent's share
-        of the first layer is a sum of kernel rows (:meth:`MLP.first_layer_onehot_part`)."""
+    def head(self, mlp, h, z_index, z=None):
+        """`mlp([h, z])` with `z` given by its classes: the latent's share of the first layer is
+        a sum of kernel rows (:meth:`MLP.first_layer_onehot_part`). Without `z` no gradient
+        reaches `z`; with it, gradients are those of `mlp([h, z])`."""
         return mlp(h, rest=mlp.first_layer_onehot_part(z_index, self.size.gru_units,
-                                                       self.size.num_classes))
+                                                       self.size.num_classes, z))
 
     def mode_z(self, logits):
         """Most likely class of every categorical, one-hot `[N, K * C]`."""
@@ -119,13 +120,13 @@ class WorldModel(tf.Module):
     def sequence_step(self, h, z, action, z_index=None):
         """`h_t = GRU(h_{t-1}, DenseBlock([z_{t-1}, a_{t-1}]))`.
 
-        `z_index`: the classes of `z` `[N, K]`; if given, `z`'s share of the input layer is a
-        sum of kernel rows (:meth:`Dense.onehot_partial`) and no gradient reaches `z`.
+        `z_index`: the classes of the one-hot `z` `[N, K]`; if given, `z`'s share of the input
+        layer is a sum of kernel rows (:meth:`Dense.onehot_partial`; same gradients).
         """
         if z_index is None:
             return self.gru(self.gru_input(tf.concat([z, action], -1)), h)
         dense = self.gru_input.dense
-        pre = (dense.onehot_partial(z_index, 0, self.size.num_classes)
+        pre = (dense.onehot_partial(z_index, 0, self.size.num_classes, z)
                + dense.partial(action, self.stoch_dim, dense.w.shape[0]))
         return self.gru(self.gru_input.activate(pre), h)
 
@@ -148,7 +149,7 @@ class WorldModel(tf.Module):
     def imagine_step(self, h, z, action, seed, with_index=False, z_index=None):
         """One prior step: advance `h` with the chosen action, sample `z` from the prior (and
         with `with_index`, also return its classes `[N, K]`). `z_index`: the classes of the
-        given `z`, for a step that needs no gradient to `z` (see :meth:`sequence_step`)."""
+        given one-hot `z` (faster, see :meth:`sequence_step`)."""
         h = self.sequence_step(h, z, action, z_index)
         sample = self.sample_z(self.prior_logits(h), seed, with_index)
         return (h, *sample) if with_index else (h, sample)

@@ -284,3 +284,44 @@ def test_sequence_step_with_latent_classes_equals_the_one_hot_step():
     action = tf.one_hot([0, 1, 1, 0, 1], 2)
     np.testing.assert_allclose(wm.sequence_step(h, z, action, wm.z_index(z)).numpy(),
                                wm.sequence_step(h, z, action).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_latent_class_heads_give_the_dense_losses_and_gradients(discrete, monkeypatch):
+    """Imagination and actor-critic losses with the latents as class indices (kernel-row sums,
+    WorldModel.head and sequence_step) equal the plain one-hot matmuls: losses and the actor's
+    and critic's gradients (continuous actions backpropagate through the dynamics)."""
+    from rllib_dreamerv3.world_model import WorldModel
+
+    model, _ = build("nano", discrete=discrete)
+    wm, hp = model.world_model, hparams()
+    for variable in (wm.reward_head.out.w, model.critic.mlp.out.w):  # non-zero outputs
+        variable.assign(tf.random.normal(variable.shape, stddev=0.3, seed=5))
+    h = tf.random.normal([6, wm.size.gru_units], seed=8)
+    z = wm.sample_z(tf.random.normal([6, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
+    seeds = random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H)
+    start_cont = tf.ones([6])
+    sources = model.actor.trainable_variables + model.critic.trainable_variables
+
+    def losses_and_grads():
+        with tf.GradientTape(persistent=True) as tape:
+            feat, actions, dist, z_index = losses.imagine(model, h, z, hp.horizon_H, seeds)
+            actor_loss, critic_loss, _, _ = losses.actor_critic_losses(
+                model, feat, actions, dist, start_cont, hp, z_index)
+        grads = (tape.gradient(actor_loss, model.actor.trainable_variables)
+                 + tape.gradient(critic_loss, model.critic.trainable_variables))
+        return [actor_loss, critic_loss], grads
+
+    ours = losses_and_grads()
+    head, step = WorldModel.head, WorldModel.sequence_step
+    monkeypatch.setattr(WorldModel, "head", lambda self, mlp, h, z_index, z=None: mlp(
+        tf.concat([h, tf.reshape(tf.one_hot(z_index, self.size.num_classes),
+                                 [*z_index.shape[:-1], self.stoch_dim]) if z is None else z], -1)))
+    monkeypatch.setattr(WorldModel, "sequence_step",
+                        lambda self, h, z, action, z_index=None: step(self, h, z, action))
+    dense = losses_and_grads()
+    assert (WorldModel.head, WorldModel.sequence_step) != (head, step)
+    np.testing.assert_allclose(ours[0], dense[0], rtol=1e-4, atol=1e-6)
+    assert len(ours[1]) == len(sources)
+    for g_ours, g_dense in zip(ours[1], dense[1]):
+        np.testing.assert_allclose(g_ours.numpy(), g_dense.numpy(), rtol=2e-3, atol=1e-5)
