@@ -74,8 +74,8 @@ def imagine(model, h, z, horizon, seeds):
 
     Returns features `[H + 1, N, F]` (index 0: start states), actions `[H, N, A]`, the actor's
     distribution parameters on the first `H` features (`[H, N, A]` each; reused by the actor loss
-    instead of a second actor pass) and the latents' classes `[H + 1, N, K]` (for heads that
-    need no gradient to `z`, see :meth:`WorldModel.head`). Discrete actions are fed to the
+    instead of a second actor pass) and the latents' classes `[H + 1, N, K]` (the networks
+    take the latent as classes, see :meth:`WorldModel.head`). Discrete actions are fed to the
     dynamics without gradient (REINFORCE needs none); continuous actions keep their
     reparameterised gradient so returns can be backpropagated into the actor.
     """
@@ -127,7 +127,7 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None
     # The critic's own loss sees its inputs without gradient. With discrete actions the returns
     # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
     # backpropagate the returns into the actor and need the critic on `feat` itself.
-    critic_logits_all = wm.head(critic.mlp, h, z_index, sg(feat[..., wm.size.gru_units:]))
+    critic_logits_all = wm.head(critic.mlp, h, z_index, sg(z_grad))
     value = math_ops.two_hot_mean(
         critic_logits_all if actor.discrete else wm.head(critic.mlp, h_grad, z_index, z_grad),
         critic.bins)
