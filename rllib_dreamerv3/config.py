@@ -170,9 +170,9 @@ class DreamerV3Config(AlgorithmConfig):
                 self._value_error(f"{name}={value!r} must be an integer >= 0.")
         overlap = self.overlap_policy_and_envs
         if not (isinstance(overlap, bool) or (isinstance(overlap, str) and overlap == "auto")):
-            self._value_error(f"overlap_policy_and_envs={self.overlap_policy_and_envs!r} must be "
-                              "'auto', True or False.")
-        if self.overlap_policy_and_envs is True and self.num_envs_per_env_runner < 2:
+            self._value_error(f"overlap_policy_and_envs={overlap!r} must be 'auto', True or "
+                              "False.")
+        if overlap is True and self.num_envs_per_env_runner < 2:
             self._value_error("overlap_policy_and_envs=True needs num_envs_per_env_runner >= 2 "
                               f"(got {self.num_envs_per_env_runner}): it splits each runner's "
                               "envs into two groups.")

@@ -315,17 +315,16 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
             finally:
                 actions_b = pending_b.result()
             self._commit(group_b, actions_b[2])
-            if not more(steps_done, episodes_done):  # steps and episodes only grow: the last round
-                episodes_done += self._step_envs(group_b, *actions_b[:2], records)
-                break
-            pending_a = self._pool.submit(self._policy, explore, group_a)
+            # Steps and episodes only grow: if the loop ends now, A needs no next actions.
+            last = not more(steps_done, episodes_done)
+            pending_a = None if last else self._pool.submit(self._policy, explore, group_a)
             try:
                 episodes_done += self._step_envs(group_b, *actions_b[:2], records)
             finally:
-                actions_a = pending_a.result()
-            if not more(steps_done, episodes_done):
-                break
-        return steps_done
+                if pending_a is not None:
+                    actions_a = pending_a.result()
+            if last or not more(steps_done, episodes_done):
+                return steps_done
 
     def _stack(self, records):
         out = {key: np.asarray([r[key] for r in records]) for key in FIELDS}
