@@ -7,7 +7,7 @@ Batches are batch-major `[B, T, ...]`; everything inside is time-major `[T, B, .
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3 import math_ops, networks
 
 sg = tf.stop_gradient
 
@@ -88,6 +88,8 @@ def imagine(model, h, z, horizon, seeds):
             action = sg(action)
         h, z, index = wm.imagine_step(h, z, action, seeds[2 * t + 1], with_index=True,
                                       z_index=indices[-1])
+        if not actor.discrete:  # returns backpropagate through h: see materialized_gradient
+            h = networks.materialized_gradient(h)
         feats.append(tf.concat([h, z], -1))
         actions.append(action)
         dists.append(dist)
