@@ -5,6 +5,7 @@ Every hidden layer is `Dense (or Conv) without bias -> LayerNorm -> SiLU` (:clas
 function can read and update all of them.
 """
 
+import contextlib
 import math
 
 import tensorflow as tf
@@ -87,6 +88,32 @@ class Dense(tf.Module):
             return _row_sums(rows, index, num_classes), grad
 
         return row_sums(rows, onehot)
+
+
+@contextlib.contextmanager
+def variables_read_once(*modules):
+    """Within the block, the variables of `modules` (and their submodules) are tensors read once.
+
+    For loops (`tf.scan`, `tf.while_loop`) built inside the block: a variable read inside a
+    loop body is a new tensor every iteration, and its gradient makes TF stack one copy of every
+    weight per iteration (for the observe loop at XS, 64 copies of each kernel, pushed and
+    popped: ~7 % of an update). Read before the loop, the weights are loop invariants and the
+    gradients still reach the variables (the read is recorded by any active tape). The modules'
+    attributes are swapped for the block's duration, so do not trace other functions of the same
+    modules from another thread meanwhile.
+    """
+    saved = []
+    try:
+        for module in modules:
+            for owner in (module, *module.submodules):
+                for name, value in sorted(vars(owner).items()):
+                    if isinstance(value, tf.Variable):
+                        saved.append((owner, name, value))
+                        setattr(owner, name, tf.convert_to_tensor(value))
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 @tf.custom_gradient

@@ -6,7 +6,7 @@ flattened), features `[h, z]` feed every head. Sequences are processed time-majo
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import math_ops, random_ops
+from rllib_dreamerv3 import math_ops, networks, random_ops
 from rllib_dreamerv3.encoders import make_encoder_decoder
 from rllib_dreamerv3.networks import MLP, DenseBlock, GRUCell
 
@@ -177,9 +177,12 @@ class WorldModel(tf.Module):
         # Only the recurrence is in the loop: the embedding's share of the posterior's first
         # layer is computed for all T * B steps before it, and the prior, which needs only h, on
         # all states after it (one large matmul instead of T small ones, forward and back).
+        # The loop's weights are read once, before it (else their gradient stacks a copy of every
+        # weight per step).
         embed_part = self.posterior_embed_part(embed)
-        h, z, post = tf.scan(step, (embed_part, prev_action, is_first, seeds),
-                             initializer=state)
+        with networks.variables_read_once(self.gru_input, self.gru, self.posterior_net):
+            h, z, post = tf.scan(step, (embed_part, prev_action, is_first, seeds),
+                                 initializer=state)
         prior = tf.reshape(self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])),
                            [-1, batch, *self.stoch_shape])
         return h, z, post, prior

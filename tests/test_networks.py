@@ -162,3 +162,32 @@ def test_materialized_gradient_keeps_an_unrolled_recurrence_exact_and_unfused_un
     # speed-up is gone: see materialized_gradient).
     hlo = ours.experimental_get_compiler_ir(x, h0)(stage="optimized_hlo")
     assert hlo.count(" conditional(") == 6
+
+
+def test_variables_read_once_gives_a_loops_exact_gradients_and_restores_the_variables():
+    mlp = MLP(3 + 4, 8, 1, out_units=4)
+    xs = tf.random.normal([5, 2, 3], seed=6)
+
+    def loop(x, read_once):
+        def step(h, x_t):
+            return tf.tanh(mlp(tf.concat([x_t, h], -1)))
+        with tf.GradientTape() as tape:
+            if read_once:
+                with networks.variables_read_once(mlp):
+                    assert not any(isinstance(v, tf.Variable) for v in vars(mlp.out).values())
+                    hs = tf.scan(step, x, initializer=tf.zeros([2, 4]))
+            else:
+                hs = tf.scan(step, x, initializer=tf.zeros([2, 4]))
+            loss = tf.reduce_sum(tf.sin(hs))
+        return loss, tape.gradient(loss, mlp.trainable_variables)
+
+    ours = tf.function(lambda x: loop(x, True), jit_compile=True)(xs)
+    ref = tf.function(lambda x: loop(x, False), jit_compile=True)(xs)
+    np.testing.assert_allclose(ours[0].numpy(), ref[0].numpy(), rtol=1e-6)
+    assert len(ours[1]) == len(mlp.trainable_variables) == 5
+    for a, b in zip(ours[1], ref[1]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    # The variables are back afterwards, also when the block raises.
+    with pytest.raises(RuntimeError), networks.variables_read_once(mlp):
+        raise RuntimeError
+    assert isinstance(mlp.out.w, tf.Variable) and len(mlp.trainable_variables) == 5
