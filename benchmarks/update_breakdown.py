@@ -69,15 +69,14 @@ def main(size):
 
     @compiled
     def imagine_fwd(h, z, seed):
-        return losses.imagine(model, h, z, H, random_ops.split(seed, 2 * H))[0]
+        return losses.imagine(model, h, z, H, random_ops.split(seed, 2 * H)).h
 
     @compiled
     def imagine_ac_fwd_bwd_steps(h, z, seed):
         with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
-            feat, actions, dist, z_index = losses.imagine(model, h, z, H,
-                                                          random_ops.split(seed, 2 * H))
+            imagined = losses.imagine(model, h, z, H, random_ops.split(seed, 2 * H))
             actor_loss, critic_loss, _, _ = losses.actor_critic_losses(
-                model, feat, actions, dist, start_cont, cfg, z_index)
+                model, imagined, start_cont, cfg)
         _step(optimizers["critic"], critic_tape, critic_loss, model.critic.trainable_variables,
               cfg.critic_grad_clip)
         _step(optimizers["actor"], actor_tape, actor_loss, model.actor.trainable_variables,

@@ -5,6 +5,8 @@
 Batches are batch-major `[B, T, ...]`; everything inside is time-major `[T, B, ...]`.
 """
 
+from typing import NamedTuple
+
 import tensorflow as tf
 
 from rllib_dreamerv3 import math_ops, networks
@@ -69,18 +71,37 @@ def world_model_loss(model, batch, seeds, hp):
     return loss, metrics, (h, z)
 
 
+class Imagination(NamedTuple):
+    """An imagined trajectory from :func:`imagine` (time-major; index 0: the start states).
+
+    `h` `[H + 1, N, D]` and `z` `[H + 1, N, K * C]` (one-hot) are the model states, `z_index`
+    `[H + 1, N, K]` the latents' classes (the networks take the latent as classes, see
+    :meth:`WorldModel.head`), `actions` `[H, N, A]` the actions taken from the first `H`
+    states and `dist` the actor's distribution parameters there (`[H, N, A]` each; reused by the
+    actor loss instead of a second actor pass).
+    """
+
+    h: tf.Tensor
+    z: tf.Tensor
+    z_index: tf.Tensor
+    actions: tf.Tensor
+    dist: tuple
+
+    @property
+    def feat(self):
+        """The model features `concat([h, z])`, `[H + 1, N, D + K * C]`."""
+        return tf.concat([self.h, self.z], -1)
+
+
 def imagine(model, h, z, horizon, seeds):
     """Roll the actor through the world model for `horizon` steps from start states `[N, ...]`.
 
-    Returns features `[H + 1, N, F]` (index 0: start states), actions `[H, N, A]`, the actor's
-    distribution parameters on the first `H` features (`[H, N, A]` each; reused by the actor loss
-    instead of a second actor pass) and the latents' classes `[H + 1, N, K]` (the networks
-    take the latent as classes, see :meth:`WorldModel.head`). Discrete actions are fed to the
-    dynamics without gradient (REINFORCE needs none); continuous actions keep their
-    reparameterised gradient so returns can be backpropagated into the actor.
+    Returns an :class:`Imagination`. Discrete actions are fed to the dynamics without gradient
+    (REINFORCE needs none); continuous actions keep their reparameterised gradient so returns
+    can be backpropagated into the actor.
     """
     wm, actor = model.world_model, model.actor
-    feats, actions, dists, indices = [tf.concat([h, z], -1)], [], [], [wm.z_index(z)]
+    hs, zs, indices, actions, dists = [h], [z], [wm.z_index(z)], [], []
     for t in range(horizon):
         dist = actor.dist_from_output(wm.head(actor.mlp, h, indices[-1], z))
         action = actor.sample(dist, seeds[2 * t])
@@ -90,21 +111,21 @@ def imagine(model, h, z, horizon, seeds):
                                       z_index=indices[-1])
         if not actor.discrete:  # returns backpropagate through h: see materialized_gradient
             h = networks.materialized_gradient(h)
-        feats.append(tf.concat([h, z], -1))
+        hs.append(h)
+        zs.append(z)
+        indices.append(index)
         actions.append(action)
         dists.append(dist)
-        indices.append(index)
     dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
-    return tf.stack(feats, 0), tf.stack(actions, 0), dists, tf.stack(indices, 0)
+    return Imagination(tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(indices, 0),
+                       tf.stack(actions, 0), dists)
 
 
-def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None):
+def actor_critic_losses(model, imagined, start_cont, hp):
     """Critic and actor losses on an imagined trajectory, and the new return scale.
 
     Args:
-        feat: `[H + 1, N, F]`, actions: `[H, N, A]`, dist: the actor's distribution parameters
-            on `feat[:-1]`, z_index: the latents' classes `[H + 1, N, K]` (read from `feat` if
-            not given), all four from :func:`imagine`.
+        imagined: an :class:`Imagination` of `H` steps from `N` start states.
         start_cont: `[N]` real `1 - is_terminal` of the start states.
 
     Returns:
@@ -112,13 +133,13 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None
         critic's variables; the actor loss is meant to update only the actor's variables.
     """
     wm, actor, critic = model.world_model, model.actor, model.critic
+    h_grad, z_grad, z_index = imagined.h, imagined.z, imagined.z_index
+    actions, dist = imagined.actions, imagined.dist
     # The heads take the latents as class indices (WorldModel.head: kernel-row sums instead of
     # matmuls with one-hot inputs; the critic's weight gradient still comes from the one-hot).
     # The reward and continue heads run on the imagined states only: the start states' reward
     # is unused and their continue flag is the real one.
-    h_grad, z_grad = feat[..., :wm.size.gru_units], feat[..., wm.size.gru_units:]
     h = sg(h_grad)
-    z_index = wm.z_index(z_grad) if z_index is None else z_index
     # With continuous actions the returns backpropagate into the actor through the rewards.
     reward = math_ops.two_hot_mean(
         wm.head(wm.reward_head, h_grad[1:], z_index[1:], z_grad[1:]), wm.bins)
@@ -128,7 +149,7 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None
     cont = tf.concat([start_cont[None], cont], 0)
     # The critic's own loss sees its inputs without gradient. With discrete actions the returns
     # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
-    # backpropagate the returns into the actor and need the critic on `feat` itself.
+    # backpropagate the returns into the actor and need the critic on the states themselves.
     critic_logits_all = wm.head(critic.mlp, h, z_index, sg(z_grad))
     value = math_ops.two_hot_mean(
         critic_logits_all if actor.discrete else wm.head(critic.mlp, h_grad, z_index, z_grad),
@@ -150,8 +171,8 @@ def actor_critic_losses(model, feat, actions, dist, start_cont, hp, z_index=None
     scale = math_ops.return_scale_update(model.return_scale, sg(returns),
                                          hp.return_normalization_decay)
     adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
-    # With discrete actions `feat` carries no gradient to the actor (its actions entered the
-    # dynamics without gradient), so `dist` is what the actor gives on `sg(feat[:-1])`.
+    # With discrete actions the states carry no gradient to the actor (their actions entered the
+    # dynamics without gradient), so `dist` is what the actor gives on `sg(h[:-1]), sg(z[:-1])`.
     entropy = actor.entropy(dist)
     if actor.discrete:
         objective = sg(adv) * actor.log_prob(dist, actions)

@@ -59,10 +59,9 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
         start_cont = 1.0 - tf.reshape(
             tf.transpose(tf.cast(batch["is_terminal"], tf.float32)), [-1])
         with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
-            feat, actions, dist, z_index = losses.imagine(model, start_h, start_z, horizon,
-                                                          seeds[batch_length:])
+            imagined = losses.imagine(model, start_h, start_z, horizon, seeds[batch_length:])
             actor_loss, critic_loss, scale, ac_metrics = losses.actor_critic_losses(
-                model, feat, actions, dist, start_cont, hp, z_index)
+                model, imagined, start_cont, hp)
         metrics.update(ac_metrics)
         metrics["grad_norm_critic"] = _step(
             optimizers[CRITIC], critic_tape, critic_loss, critic_vars, hp.critic_grad_clip)

@@ -147,13 +147,14 @@ def test_critic_loss_and_returns_match_a_direct_evaluation():
     n, hp = 6, hparams()
     h = tf.random.normal([n, wm.size.gru_units], seed=8)
     z = wm.sample_z(tf.random.normal([n, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
-    feat, actions, dist, z_index = losses.imagine(
+    imagined = losses.imagine(
         model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
     start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
-    _, critic_loss, _, metrics = losses.actor_critic_losses(model, feat, actions, dist,
-                                                            start_cont, hp, z_index)
+    _, critic_loss, _, metrics = losses.actor_critic_losses(model, imagined, start_cont, hp)
     # The classes imagine() returns are those of its one-hot latents.
-    np.testing.assert_array_equal(z_index, wm.z_index(feat[..., wm.size.gru_units:]))
+    np.testing.assert_array_equal(imagined.z_index, wm.z_index(imagined.z))
+    feat = imagined.feat
+    assert feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
 
     cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
     cont = tf.concat([start_cont[None], cont[1:]], 0)
@@ -305,9 +306,9 @@ def test_latent_class_heads_give_the_dense_losses_and_gradients(discrete, monkey
 
     def losses_and_grads():
         with tf.GradientTape(persistent=True) as tape:
-            feat, actions, dist, z_index = losses.imagine(model, h, z, hp.horizon_H, seeds)
+            imagined = losses.imagine(model, h, z, hp.horizon_H, seeds)
             actor_loss, critic_loss, _, _ = losses.actor_critic_losses(
-                model, feat, actions, dist, start_cont, hp, z_index)
+                model, imagined, start_cont, hp)
         grads = (tape.gradient(actor_loss, model.actor.trainable_variables)
                  + tape.gradient(critic_loss, model.critic.trainable_variables))
         return [actor_loss, critic_loss], grads
