@@ -24,6 +24,7 @@ _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _ARRAY_SHAPE = re.compile(r"^[a-z]+[0-9]*\[([0-9,]*)\]")
 _CALLED = re.compile(r"\b(calls|to_apply|body|condition)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRUE_FALSE = re.compile(r"\b(?:true|false)_computation=%?([\w.\-]+)")  # a predicated conditional
 _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _INDUCTION = re.compile(r'"known_induction_variable"\s*:\s*\{\s*"tuple_index"\s*:\s*"(\d+)"')
 _INIT_STEP = re.compile(r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,'
@@ -311,8 +312,9 @@ class _Counter:
                     for kind, value in self.flops(sub).items():
                         total[kind] += trip * value
             elif instr.opcode == "conditional":  # the costliest branch: an upper bound
-                branches = re.findall(r"%?([\w.\-]+)",
-                                      _BRANCHES.search(instr.attrs).group(1))
+                indexed = _BRANCHES.search(instr.attrs)
+                branches = (re.findall(r"%?([\w.\-]+)", indexed.group(1)) if indexed
+                            else _TRUE_FALSE.findall(instr.attrs))
                 costs = [self.flops(b) for b in branches]
                 worst = max(costs, key=lambda c: sum(c.values()))
                 for kind, value in worst.items():
