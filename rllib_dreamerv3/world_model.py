@@ -181,8 +181,7 @@ class WorldModel(tf.Module):
         # weight per step).
         embed_part = self.posterior_embed_part(embed)
         with networks.variables_read_once(self.gru_input, self.gru, self.posterior_net):
-            h, z, post = tf.scan(step, (embed_part, prev_action, is_first, seeds),
-                                 initializer=state)
+            h, z, post = networks.scan(step, (embed_part, prev_action, is_first, seeds), state)
         prior = tf.reshape(self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])),
                            [-1, batch, *self.stoch_shape])
         return h, z, post, prior

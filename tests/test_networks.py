@@ -191,3 +191,31 @@ def test_variables_read_once_gives_a_loops_exact_gradients_and_restores_the_vari
     with pytest.raises(RuntimeError), networks.variables_read_once(mlp):
         raise RuntimeError
     assert isinstance(mlp.out.w, tf.Variable) and len(mlp.trainable_variables) == 5
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_scan_equals_tf_scan_in_values_and_gradients(compiled):
+    gru = networks.GRUCell(3, 4)
+    xs = tf.random.normal([7, 2, 3], seed=7)
+    masks = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+
+    def step(carry, inputs):
+        h, total = carry
+        x, m = inputs
+        h = gru(x, h) * m + h * (1.0 - m)
+        return h, total + tf.reduce_sum(h, -1)
+
+    def run(scan):
+        def fn(xs):
+            with tf.GradientTape() as tape:
+                tape.watch(xs)
+                hs, totals = scan(step, (xs, masks), (tf.zeros([2, 4]), tf.zeros([2])))
+                loss = tf.reduce_sum(tf.sin(hs)) + tf.reduce_sum(totals ** 2)
+            return hs, totals, tape.gradient(loss, [xs, *gru.trainable_variables])
+        return tf.function(fn, jit_compile=True) if compiled else fn
+
+    ours = run(networks.scan)(xs)
+    ref = run(lambda f, e, i: tf.scan(f, e, initializer=i))(xs)
+    assert ours[0].shape == (7, 2, 4) and ours[1].shape == (7, 2)
+    for a, b in zip(tf.nest.flatten(ours), tf.nest.flatten(ref)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
