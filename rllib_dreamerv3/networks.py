@@ -91,82 +91,6 @@ class Dense(tf.Module):
         return row_sums(rows, onehot)
 
 
-def scan(fn, elems, initializer):
-    """`tf.scan(fn, elems, initializer)` for loops whose per-step outputs are the new carries,
-    with those outputs gathered in a way that XLA differentiates without copies.
-
-    `tf.scan` writes each step's output into a list with `TensorListSetItem`, whose gradient
-    reads the item and writes zeros over it in the same buffer: XLA then copies the whole
-    `[T, ...]` gradient buffer twice per step (7 % of an XS update's time, measured A/B).
-    Here outputs are pushed (`TensorListPushBack`, the gradient pops them), as TF's own loop
-    gradients do with the tensors they keep. `elems` and `initializer` are nests of tensors with
-    static shapes; `elems` are unstacked along their first axis (the number of steps).
-    """
-    flat_elems = tf.nest.flatten(elems)
-    steps = flat_elems[0].shape[0]
-    arrays = [tf.TensorArray(e.dtype, size=steps, element_shape=e.shape[1:]).unstack(e)
-              for e in flat_elems]
-    flat_init = [tf.convert_to_tensor(x) for x in tf.nest.flatten(initializer)]
-    lists = [list_ops.empty_tensor_list(x.shape, x.dtype, max_num_elements=steps)
-             for x in flat_init]
-
-    def body(t, carry, lists):
-        inputs = tf.nest.pack_sequence_as(elems, [array.read(t) for array in arrays])
-        new = tf.nest.flatten(fn(tf.nest.pack_sequence_as(initializer, carry), inputs))
-        return t + 1, new, [list_ops.tensor_list_push_back(out, x) for out, x in zip(lists, new)]
-
-    _, _, lists = tf.while_loop(lambda t, *_: t < steps, body,
-                                (tf.constant(0), flat_init, lists), maximum_iterations=steps)
-    return tf.nest.pack_sequence_as(initializer, [
-        list_ops.tensor_list_stack(out, x.dtype, num_elements=steps, element_shape=x.shape)
-        for out, x in zip(lists, flat_init)])
-
-
-@contextlib.contextmanager
-def variables_read_once(*modules):
-    """Within the block, the variables of `modules` (and their submodules) are tensors read once.
-
-    For loops (`tf.scan`, `tf.while_loop`) built inside the block: a variable read inside a
-    loop body is a new tensor every iteration, and its gradient makes TF stack one copy of every
-    weight per iteration (for the observe loop at XS, 64 copies of each kernel, pushed and
-    popped: ~7 % of an update). Read before the loop, the weights are loop invariants and the
-    gradients still reach the variables (the read is recorded by any active tape). The modules'
-    attributes are swapped for the block's duration, so do not trace other functions of the same
-    modules from another thread meanwhile.
-    """
-    saved = []
-    try:
-        for module in modules:
-            for owner in (module, *module.submodules):
-                for name, value in sorted(vars(owner).items()):
-                    if isinstance(value, tf.Variable):
-                        saved.append((owner, name, value))
-                        setattr(owner, name, tf.convert_to_tensor(value))
-        yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
-
-
-@tf.custom_gradient
-def materialized_gradient(x):
-    """Identity whose gradient XLA computes once, into a buffer of its own.
-
-    Backpropagating through an unrolled recurrence such as the GRU in imagination,
-    `dh_{t-1} = (1 - u_t) * dh_t + ...` is a chain of elementwise ops; XLA fuses a copy of the
-    chain into every consumer of every step's `dh` (up to its operand limit), re-reading dozens
-    of buffers each time: ~15 % of an XS update with continuous actions. Here the gradient
-    passes through a `tf.cond` whose two branches are the same identity, so it is exact for any
-    predicate, and XLA does not fuse across a conditional. (`optimization_barrier` would say
-    this directly, but XLA:CPU drops it before fusion.)
-    """
-    def grad(dy):
-        same = lambda: tf.identity(dy)  # noqa: E731
-        return tf.cond(tf.reshape(dy, [-1])[0] > 0.0, same, same)
-
-    return tf.identity(x), grad
-
-
 def _row_sums(rows, index, num_classes):
     """`sum_k rows[k * num_classes + index[..., k]]`, `[..., units]`."""
     flat = index + num_classes * tf.range(index.shape[-1])
@@ -373,3 +297,80 @@ class GRUCell(tf.Module):
         cand = tf.tanh(tf.sigmoid(reset) * cand)
         update = tf.sigmoid(update - 1.0)
         return update * cand + (1.0 - update) * h
+
+
+# --- compilation aids for loops and their gradients (XLA) -------------------------------
+def scan(fn, elems, initializer):
+    """`tf.scan(fn, elems, initializer)` for loops whose per-step outputs are the new carries,
+    with those outputs gathered in a way that XLA differentiates without copies.
+
+    `tf.scan` writes each step's output into a list with `TensorListSetItem`, whose gradient
+    reads the item and writes zeros over it in the same buffer: XLA then copies the whole
+    `[T, ...]` gradient buffer twice per step (7 % of an XS update's time, measured A/B).
+    Here outputs are pushed (`TensorListPushBack`, the gradient pops them), as TF's own loop
+    gradients do with the tensors they keep. `elems` and `initializer` are nests of tensors with
+    static shapes; `elems` are unstacked along their first axis (the number of steps).
+    """
+    flat_elems = tf.nest.flatten(elems)
+    steps = flat_elems[0].shape[0]
+    arrays = [tf.TensorArray(e.dtype, size=steps, element_shape=e.shape[1:]).unstack(e)
+              for e in flat_elems]
+    flat_init = [tf.convert_to_tensor(x) for x in tf.nest.flatten(initializer)]
+    lists = [list_ops.empty_tensor_list(x.shape, x.dtype, max_num_elements=steps)
+             for x in flat_init]
+
+    def body(t, carry, lists):
+        inputs = tf.nest.pack_sequence_as(elems, [array.read(t) for array in arrays])
+        new = tf.nest.flatten(fn(tf.nest.pack_sequence_as(initializer, carry), inputs))
+        return t + 1, new, [list_ops.tensor_list_push_back(out, x) for out, x in zip(lists, new)]
+
+    _, _, lists = tf.while_loop(lambda t, *_: t < steps, body,
+                                (tf.constant(0), flat_init, lists), maximum_iterations=steps)
+    return tf.nest.pack_sequence_as(initializer, [
+        list_ops.tensor_list_stack(out, x.dtype, num_elements=steps, element_shape=x.shape)
+        for out, x in zip(lists, flat_init)])
+
+
+@contextlib.contextmanager
+def variables_read_once(*modules):
+    """Within the block, the variables of `modules` (and their submodules) are tensors read once.
+
+    For loops (`tf.scan`, `tf.while_loop`) built inside the block: a variable read inside a
+    loop body is a new tensor every iteration, and its gradient makes TF stack one copy of every
+    weight per iteration (for the observe loop at XS, 64 copies of each kernel, pushed and
+    popped: ~7 % of an update). Read before the loop, the weights are loop invariants and the
+    gradients still reach the variables (the read is recorded by any active tape). The modules'
+    attributes are swapped for the block's duration, so do not trace other functions of the same
+    modules from another thread meanwhile.
+    """
+    saved = []
+    try:
+        for module in modules:
+            for owner in (module, *module.submodules):
+                for name, value in sorted(vars(owner).items()):
+                    if isinstance(value, tf.Variable):
+                        saved.append((owner, name, value))
+                        setattr(owner, name, tf.convert_to_tensor(value))
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+@tf.custom_gradient
+def materialized_gradient(x):
+    """Identity whose gradient XLA computes once, into a buffer of its own.
+
+    Backpropagating through an unrolled recurrence such as the GRU in imagination,
+    `dh_{t-1} = (1 - u_t) * dh_t + ...` is a chain of elementwise ops; XLA fuses a copy of the
+    chain into every consumer of every step's `dh` (up to its operand limit), re-reading dozens
+    of buffers each time: ~15 % of an XS update with continuous actions. Here the gradient
+    passes through a `tf.cond` whose two branches are the same identity, so it is exact for any
+    predicate, and XLA does not fuse across a conditional. (`optimization_barrier` would say
+    this directly, but XLA:CPU drops it before fusion.)
+    """
+    def grad(dy):
+        same = lambda: tf.identity(dy)  # noqa: E731
+        return tf.cond(tf.reshape(dy, [-1])[0] > 0.0, same, same)
+
+    return tf.identity(x), grad
