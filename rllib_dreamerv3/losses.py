@@ -136,7 +136,7 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     h_grad, z_grad, z_index = imagined.h, imagined.z, imagined.z_index
     actions, dist = imagined.actions, imagined.dist
     # The heads take the latents as class indices (WorldModel.head: kernel-row sums instead of
-    # matmuls with one-hot inputs; the critic's weight gradient still comes from the one-hot).
+    # matmuls with one-hot inputs, and segment sums for their kernels' gradients).
     # The reward and continue heads run on the imagined states only: the start states' reward
     # is unused and their continue flag is the real one.
     h = sg(h_grad)
@@ -150,7 +150,7 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     # The critic's own loss sees its inputs without gradient. With discrete actions the returns
     # carry no gradient either (REINFORCE), so one critic pass serves both; continuous actions
     # backpropagate the returns into the actor and need the critic on the states themselves.
-    critic_logits_all = wm.head(critic.mlp, h, z_index, sg(z_grad))
+    critic_logits_all = wm.head(critic.mlp, h, z_index)
     value = math_ops.two_hot_mean(
         critic_logits_all if actor.discrete else wm.head(critic.mlp, h_grad, z_index, z_grad),
         critic.bins)

@@ -70,25 +70,30 @@ class Dense(tf.Module):
         the latent `z`), so the product is a sum of K kernel rows — K gathers instead of a
         matmul whose input is almost all zeros (8× faster for the XS latent).
 
-        Without `onehot` no gradient reaches the features. With `onehot` (the features
-        themselves, `[..., K * num_classes]`, e.g. a straight-through sample) the gradients are
-        exactly the matmul's: to the kernel `onehot^T @ dy` and to `onehot` `dy @ kernel^T`.
+        The kernel's gradient is the matmul's, `onehot^T @ dy`, computed as K segment sums of
+        `dy` over the classes (3× faster than that matmul at XS, where it was 8.6 GFLOP for the
+        critic alone). Without `onehot` no gradient reaches the features; with `onehot` (the
+        features themselves, `[..., K * num_classes]`, e.g. a straight-through sample) they get
+        the matmul's gradient `dy @ kernel^T`.
         """
         rows = self.w[start:start + index.shape[-1] * num_classes]
-        if onehot is None:
-            return _row_sums(rows, index, num_classes)
 
         @tf.custom_gradient
-        def row_sums(rows, onehot):
+        def row_sums(rows, *features):
             def grad(dy):
                 flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
-                flat_x = tf.reshape(onehot, [-1, onehot.shape[-1]])
-                return (tf.matmul(flat_x, flat_dy, transpose_a=True),
-                        tf.reshape(tf.matmul(flat_dy, rows, transpose_b=True), tf.shape(onehot)))
+                flat_index = tf.reshape(index, [-1, index.shape[-1]])
+                d_rows = tf.concat([tf.math.unsorted_segment_sum(flat_dy, flat_index[:, k],
+                                                                 num_classes)
+                                    for k in range(index.shape[-1])], 0)
+                if not features:
+                    return d_rows
+                d_features = tf.matmul(flat_dy, rows, transpose_b=True)
+                return d_rows, tf.reshape(d_features, tf.shape(features[0]))
 
             return _row_sums(rows, index, num_classes), grad
 
-        return row_sums(rows, onehot)
+        return row_sums(rows) if onehot is None else row_sums(rows, onehot)
 
 
 def _row_sums(rows, index, num_classes):

@@ -68,8 +68,8 @@ class WorldModel(tf.Module):
 
     def head(self, mlp, h, z_index, z=None):
         """`mlp([h, z])` with `z` given by its classes: the latent's share of the first layer is
-        a sum of kernel rows (:meth:`MLP.first_layer_onehot_part`). Without `z` no gradient
-        reaches `z`; with it, gradients are those of `mlp([h, z])`."""
+        a sum of kernel rows (:meth:`MLP.first_layer_onehot_part`). The variables' gradients are
+        those of `mlp([h, z])`; so are `z`'s if `z` is given, else no gradient reaches `z`."""
         return mlp(h, rest=mlp.first_layer_onehot_part(z_index, self.size.gru_units,
                                                        self.size.num_classes, z))
 

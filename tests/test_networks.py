@@ -109,21 +109,31 @@ def test_onehot_partial_equals_the_matmul_with_the_one_hot_features():
         mlp(tf.concat([a, onehot], -1)).numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_onehot_partial_with_the_one_hot_has_the_matmuls_gradients():
+@pytest.mark.parametrize("with_onehot", [True, False])
+def test_onehot_partial_has_the_matmuls_gradients(with_onehot):
+    # The kernel's gradient (segment sums over the classes) is onehot^T dy either way; the
+    # one-hot itself gets dy kernel^T only when it is passed.
     tf.random.set_seed(0)
     mlp = MLP(5 + 3 * 4, 8, 1, out_units=2)
-    index = tf.constant([[[0, 3, 1], [2, 2, 0]], [[3, 0, 3], [1, 1, 2]]])  # [2, 2, 3]
+    index = tf.constant([[[0, 3, 1], [2, 2, 0]], [[3, 0, 3], [0, 1, 2]]])  # [2, 2, 3]
     onehot = tf.reshape(tf.one_hot(index, 4), [2, 2, 12])
     a = tf.random.normal([2, 2, 5], seed=1)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([a, onehot])
-        ours = mlp(a, rest=mlp.first_layer_onehot_part(index, 5, 4, onehot))
-        ref = mlp(tf.concat([a, onehot], -1))
+        ours = mlp(a, rest=mlp.first_layer_onehot_part(index, 5, 4,
+                                                       onehot if with_onehot else None))
+        ref = mlp(tf.concat([a, onehot if with_onehot else tf.stop_gradient(onehot)], -1))
         loss_ours, loss_ref = tf.reduce_sum(tf.sin(ours)), tf.reduce_sum(tf.sin(ref))
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
-    sources = [a, onehot, *mlp.trainable_variables]
+    sources = [a, *mlp.trainable_variables]
     for g_ours, g_ref in zip(tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources)):
         np.testing.assert_allclose(g_ours.numpy(), g_ref.numpy(), rtol=1e-4, atol=1e-6)
+    d_onehot = tape.gradient(loss_ours, onehot)
+    if with_onehot:
+        np.testing.assert_allclose(d_onehot.numpy(), tape.gradient(loss_ref, onehot).numpy(),
+                                   rtol=1e-4, atol=1e-6)
+    else:
+        assert d_onehot is None
 
 
 @pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate is dy's first entry
