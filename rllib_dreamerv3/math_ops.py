@@ -49,8 +49,13 @@ def two_hot(y, bins):
 
 
 def two_hot_mean(logits, bins):
-    """Real-space prediction of a two-hot head: `symexp(sum(softmax(logits) * bins))`, [...]."""
-    return symexp(tf.reduce_sum(tf.nn.softmax(logits) * bins, axis=-1))
+    """Real-space prediction of a two-hot head: `symexp(sum(softmax(logits) * bins))`, [...].
+
+    The sum over the bins is a matrix-vector product: XLA:CPU runs a reduction over 255 bins as
+    slow reduce-windows, a product with the bins as a matmul (-5 % of a nano update, A/B).
+    """
+    expected = tf.tensordot(tf.nn.softmax(logits), tf.reshape(bins, [-1, 1]), 1)
+    return symexp(expected[..., 0])
 
 
 def two_hot_loss(logits, target, bins):

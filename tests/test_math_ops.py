@@ -57,6 +57,24 @@ def test_two_hot_round_trip_through_logits(y):
     np.testing.assert_allclose(math_ops.two_hot_mean(logits, bins), y, rtol=1e-4, atol=1e-4)
 
 
+def test_two_hot_mean_of_batched_logits_and_its_gradient():
+    """The expected bin (a matvec with the bins) equals the numpy sum, gradient included."""
+    bins = math_ops.two_hot_bins()
+    logits = tf.random.normal([2, 3, 255], seed=4) * 3.0
+    p = np.exp(logits.numpy() - logits.numpy().max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    expected = (p * bins.numpy()).sum(-1)
+    reference = np.sign(expected) * np.expm1(np.abs(expected))
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        mean = math_ops.two_hot_mean(logits, bins)
+    assert mean.shape == (2, 3)
+    np.testing.assert_allclose(mean.numpy(), reference, rtol=1e-4)
+    # d expected / d logits = p * (bins - expected), times symexp' = exp(|expected|)
+    d_ref = p * (bins.numpy() - expected[..., None]) * np.exp(np.abs(expected))[..., None]
+    np.testing.assert_allclose(tape.gradient(mean, logits).numpy(), d_ref, rtol=1e-3, atol=1e-5)
+
+
 def test_two_hot_loss_is_cross_entropy():
     bins = tf.constant([-1.0, 0.0, 1.0])
     logits = tf.constant([0.0, 1.0, 2.0])
