@@ -58,6 +58,14 @@ def two_hot_mean(logits, bins):
     return symexp(expected[..., 0])
 
 
+def two_hot_mean_of_log_probs(log_probs, bins):
+    """:func:`two_hot_mean` given `log_softmax(logits)`, so that a loss of the same logits can
+    share the log-softmax (XLA then computes the exponentials once for the mean, the loss and
+    its gradient)."""
+    expected = tf.tensordot(tf.exp(log_probs), tf.reshape(bins, [-1, 1]), 1)
+    return symexp(expected[..., 0])
+
+
 def two_hot_loss(logits, target, bins):
     """Cross-entropy of a two-hot head towards a real-space `target` (symlog'ed here), [...]."""
     labels = two_hot(symlog(target), bins)

@@ -57,8 +57,10 @@ def test_two_hot_round_trip_through_logits(y):
     np.testing.assert_allclose(math_ops.two_hot_mean(logits, bins), y, rtol=1e-4, atol=1e-4)
 
 
-def test_two_hot_mean_of_batched_logits_and_its_gradient():
-    """The expected bin (a matvec with the bins) equals the numpy sum, gradient included."""
+@pytest.mark.parametrize("of_log_probs", [False, True])
+def test_two_hot_mean_of_batched_logits_and_its_gradient(of_log_probs):
+    """The expected bin (a matvec with the bins) equals the numpy sum, gradient included, from
+    the logits or from their log-softmax."""
     bins = math_ops.two_hot_bins()
     logits = tf.random.normal([2, 3, 255], seed=4) * 3.0
     p = np.exp(logits.numpy() - logits.numpy().max(-1, keepdims=True))
@@ -67,7 +69,10 @@ def test_two_hot_mean_of_batched_logits_and_its_gradient():
     reference = np.sign(expected) * np.expm1(np.abs(expected))
     with tf.GradientTape() as tape:
         tape.watch(logits)
-        mean = math_ops.two_hot_mean(logits, bins)
+        if of_log_probs:
+            mean = math_ops.two_hot_mean_of_log_probs(tf.nn.log_softmax(logits), bins)
+        else:
+            mean = math_ops.two_hot_mean(logits, bins)
     assert mean.shape == (2, 3)
     np.testing.assert_allclose(mean.numpy(), reference, rtol=1e-4)
     # d expected / d logits = p * (bins - expected), times symexp' = exp(|expected|)

@@ -134,14 +134,17 @@ def test_observe_matches_a_loop_of_observe_steps():
             np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_critic_loss_and_returns_match_a_direct_evaluation():
-    """The critic loss (one log-softmax for both of its targets) and the returns (heads run on
-    the imagined states only) equal the SPEC's terms computed one by one on all states."""
+@pytest.mark.parametrize("discrete", [True, False])
+def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
+    """The critic loss (one log-softmax for both of its targets and the values, on all H + 1
+    states with the last weighted 0) and the returns (heads run on the imagined states only)
+    equal the SPEC's terms computed one by one on all states: values, and the critic loss's
+    gradient w.r.t. the critic's variables."""
     from rllib_dreamerv3 import math_ops
 
-    model, _ = build("nano")
+    model, _ = build("nano", discrete=discrete)
     wm, critic = model.world_model, model.critic
-    for variable in (wm.reward_head.out.w, *wm.continue_head.variables,
+    for variable in (wm.reward_head.out.w, *wm.continue_head.variables, critic.mlp.out.w,
                      *model.critic_ema.variables):  # non-trivial heads
         variable.assign(variable + tf.random.normal(variable.shape, stddev=0.3, seed=7))
     n, hp = 6, hparams()
@@ -150,26 +153,32 @@ def test_critic_loss_and_returns_match_a_direct_evaluation():
     imagined = losses.imagine(
         model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
     start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
-    _, critic_loss, _, metrics = losses.actor_critic_losses(model, imagined, start_cont, hp)
-    # The classes imagine() returns are those of its one-hot latents.
-    np.testing.assert_array_equal(imagined.z_index, wm.z_index(imagined.z))
-    feat = imagined.feat
-    assert feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
+    with tf.GradientTape(persistent=True) as tape:
+        _, critic_loss, _, metrics = losses.actor_critic_losses(model, imagined, start_cont, hp)
+        # The classes imagine() returns are those of its one-hot latents.
+        np.testing.assert_array_equal(imagined.z_index, wm.z_index(imagined.z))
+        feat = tf.stop_gradient(imagined.feat)
+        assert feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
 
-    cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
-    cont = tf.concat([start_cont[None], cont[1:]], 0)
-    returns = math_ops.lambda_returns(wm.reward(feat), cont, critic.value(feat), hp.gamma,
-                                      hp.gae_lambda)
-    weights = math_ops.trajectory_weights(cont, hp.gamma)
-    logits = critic(feat[:-1])
-    reference = tf.reduce_mean(weights * (
-        math_ops.two_hot_loss(logits, returns, critic.bins)
-        + hp.critic_ema_regularizer * math_ops.two_hot_loss(
-            logits, model.critic_ema.value(feat[:-1]), critic.bins)))
+        cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
+        cont = tf.concat([start_cont[None], cont[1:]], 0)
+        returns = math_ops.lambda_returns(wm.reward(feat), cont, critic.value(feat), hp.gamma,
+                                          hp.gae_lambda)
+        weights = math_ops.trajectory_weights(cont, hp.gamma)
+        logits = critic(feat[:-1])
+        reference = tf.reduce_mean(weights * (
+            math_ops.two_hot_loss(logits, tf.stop_gradient(returns), critic.bins)
+            + hp.critic_ema_regularizer * math_ops.two_hot_loss(
+                logits, model.critic_ema.value(feat[:-1]), critic.bins)))
     assert abs(float(tf.reduce_mean(returns))) > 1e-3  # the reward head is not zero
     np.testing.assert_allclose(metrics["imagined_return_mean"], tf.reduce_mean(returns),
                                rtol=1e-5)
     np.testing.assert_allclose(critic_loss, reference, rtol=1e-5)
+    ours = tape.gradient(critic_loss, critic.trainable_variables)
+    theirs = tape.gradient(reference, critic.trainable_variables)
+    assert max(float(tf.reduce_max(tf.abs(g))) for g in theirs) > 1e-3
+    for a, b, variable in zip(ours, theirs, critic.trainable_variables):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=variable.name)
 
 
 def test_world_model_loss_terms_at_init():
