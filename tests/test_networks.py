@@ -96,6 +96,27 @@ def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatena
         mlp.first_layer_part(a, 5)  # 5 features where the kernel's rows 5:12 need 7
 
 
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 7)])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
+    """`Dense` with a bias (folded into the kernel as an extra row in float32, added after the
+    matmul in bfloat16): values and gradients of `x @ w + b`."""
+    dense = networks.Dense(7, 4)
+    dense.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25]))
+    dense.matmul_dtype = dtype
+    x = tf.random.normal(shape, seed=3)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        ours = dense(x)
+        reference = tf.tensordot(x, dense.w, 1) + dense.b
+    tol = 1e-6 if dtype == tf.float32 else 3e-2
+    assert ours.shape == (*shape[:-1], 4) and ours.dtype == tf.float32
+    np.testing.assert_allclose(ours, reference, rtol=tol, atol=tol)
+    for a, b in zip(tape.gradient(ours, [x, dense.w, dense.b]),
+                    tape.gradient(reference, [x, dense.w, dense.b])):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
 def test_onehot_partial_equals_the_matmul_with_the_one_hot_features():
     tf.random.set_seed(0)
     mlp = MLP(5 + 3 * 4, 8, 1)  # 5 plain features, then 3 one-hot groups of 4 classes
