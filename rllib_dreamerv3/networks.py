@@ -37,6 +37,11 @@ def _out(y):
     return y if y.dtype == tf.float32 else tf.cast(y, tf.float32)
 
 
+def _matmul(x, w):
+    """`x @ w` over the last axis of `x`, of any rank."""
+    return tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1)
+
+
 class Dense(tf.Module):
     """`x @ w (+ b)`; `zero_init` starts the output at exactly zero (reward and critic heads)."""
 
@@ -58,7 +63,7 @@ class Dense(tf.Module):
         # more than the matmul for the 255-bin heads at small sizes: -8 % of a nano update).
         x = tf.concat([x, tf.ones_like(x[..., :1])], -1)
         w = tf.concat([self.w, self.b[None]], 0)
-        return tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1)
+        return _matmul(x, w)
 
     def partial(self, x, start, stop):
         """`x @ w[start:stop]` without the bias: the contribution of input features
@@ -70,7 +75,7 @@ class Dense(tf.Module):
                              f"of the kernel need {stop - start}.")
         w = self.w if (start, stop) == (0, self.w.shape[0]) else self.w[start:stop]
         x, w = _in(self.matmul_dtype, x, w)
-        return _out(tf.matmul(x, w) if x.shape.rank == 2 else tf.tensordot(x, w, 1))
+        return _out(_matmul(x, w))
 
     def onehot_partial(self, index, start, num_classes, onehot=None):
         """`partial(onehot(index), start, ...)` without the one-hot: `index` `[..., K]` holds the
