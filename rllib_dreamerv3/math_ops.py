@@ -143,12 +143,52 @@ def trajectory_weights(cont, gamma):
     return tf.stop_gradient(tf.math.cumprod(discounts, axis=0))
 
 
+def _order_statistics(flat, ranks):
+    """The `ranks`-th smallest entries (0-based Python ints) of the float32 vector `flat`.
+
+    A bitwise binary search instead of a sort: float32s map to int32 keys that order like the
+    floats (negative floats' magnitude bits flipped), and 32 halvings of the key range, each
+    counting the keys at or below the candidates, pin down every order statistic at once.
+    """
+    bits = tf.bitcast(flat, tf.int32)
+    flip = tf.constant(0x7FFFFFFF, tf.int32)
+    keys = tf.cast(tf.where(bits < 0, tf.bitwise.bitwise_xor(bits, flip), bits), tf.int64)
+    need = tf.constant([r + 1 for r in ranks], tf.float32)[:, None]  # entries at or below
+    ones = tf.ones([flat.shape[0], 1], tf.float32)
+    lo = tf.fill([len(ranks)], tf.reduce_min(keys))
+    hi = tf.fill([len(ranks)], tf.reduce_max(keys))
+    for _ in range(32):  # hi - lo < 2**32 halves to 0 in 32 steps
+        mid = lo + (hi - lo) // 2
+        at_or_below = tf.cast(keys[None, :] <= mid[:, None], tf.float32) @ ones  # exact < 2**24
+        enough = at_or_below[:, 0] >= need[:, 0]
+        hi = tf.where(enough, mid, hi)
+        lo = tf.where(enough, lo, mid + 1)
+    found = tf.cast(lo, tf.int32)
+    return tf.bitcast(tf.where(found < 0, tf.bitwise.bitwise_xor(found, flip), found), tf.float32)
+
+
 def percentiles(x, qs):
     """The `qs`-th percentiles (0–100) of all entries of `x`, linear interpolation like numpy.
 
-    Sorts once for all of `qs` (a sequence of Python numbers); returns a list of scalars.
+    Returns a list of scalars, one per `q` in `qs` (Python numbers). With a static size (as
+    inside the compiled update) the needed order statistics come from one bitwise search
+    (:func:`_order_statistics`, float32 up to 2**24 entries); otherwise from one sort.
     """
-    flat = tf.sort(tf.reshape(x, [-1]))
+    flat = tf.reshape(tf.convert_to_tensor(x), [-1])
+    size = flat.shape[0]
+    if size is not None and flat.dtype == tf.float32 and 0 < size < 2**24:
+        places = []
+        for q in qs:
+            pos = q / 100.0 * (size - 1)
+            lo = min(int(math.floor(pos)), size - 1)
+            frac = pos - math.floor(pos)
+            places.append((lo, min(lo + 1, size - 1) if frac else lo, frac))
+        ranks = sorted({r for lo, hi, _ in places for r in (lo, hi)})
+        values = _order_statistics(flat, ranks)
+        at = {r: values[i] for i, r in enumerate(ranks)}
+        return [at[lo] * (1.0 - frac) + at[hi] * frac if frac else at[lo]
+                for lo, hi, frac in places]
+    flat = tf.sort(flat)
     size = tf.size(flat)
     out = []
     for q in qs:

@@ -163,10 +163,37 @@ def test_trajectory_weights():
                                [[1.0, 0.0], [g, 0.0], [0.0, 0.0]], rtol=1e-6)
 
 
-def test_percentile_matches_numpy():
-    x = np.random.default_rng(1).normal(size=(15, 37)).astype(np.float32)
-    for q in (0.0, 5.0, 50.0, 95.0, 100.0):
-        np.testing.assert_allclose(math_ops.percentile(x, q), np.percentile(x, q), rtol=1e-5)
+_rng = np.random.default_rng(1)
+PERCENTILE_CASES = {
+    "normal": _rng.normal(size=(15, 37)),
+    "ties": _rng.integers(-3, 4, size=1000),
+    "signed_zeros_tiny_huge": np.array([3.0, -0.0, 0.0, -1e-30, 1e-37, 1e30, -3e38, 2, 2, 2, -5]),
+    "constant": np.full(10, 7.5),
+    "single": np.array([-1.25]),
+    "imagined_returns": _rng.normal(size=(16, 1024)) * 1e-3,
+}
+
+
+@pytest.mark.parametrize("case", sorted(PERCENTILE_CASES))
+def test_percentile_matches_numpy(case):
+    x = PERCENTILE_CASES[case].astype(np.float32)
+    qs = (0.0, 5.0, 33.3, 50.0, 95.0, 100.0)
+    expected = [np.percentile(x.astype(np.float64), q) for q in qs]
+    static = math_ops.percentiles(x, qs)  # static size: the bitwise order-statistic search
+    dynamic = tf.function(lambda v: math_ops.percentiles(v, qs), autograph=False,
+                          input_signature=[tf.TensorSpec(None, tf.float32)])(x)  # the sort
+    for got_static, got_dynamic, want in zip(static, dynamic, expected):
+        np.testing.assert_allclose(got_static, want, rtol=1e-6)
+        np.testing.assert_allclose(got_dynamic, want, rtol=1e-6)
+
+
+def test_percentiles_compiled_with_xla_and_at_infinities():
+    x = _rng.normal(size=(15, 1024)).astype(np.float32)
+    compiled = tf.function(lambda v: math_ops.percentiles(v, [5.0, 95.0]), jit_compile=True)
+    np.testing.assert_allclose(compiled(x), np.percentile(x, [5.0, 95.0]), rtol=1e-6)
+    y = np.array([1.0, np.inf, -np.inf, 0.5], np.float32)  # exact ranks: no 0 * inf = NaN
+    assert math_ops.percentile(y, 100.0).numpy() == np.inf
+    assert math_ops.percentile(y, 0.0).numpy() == -np.inf
 
 
 def test_return_normalization():
