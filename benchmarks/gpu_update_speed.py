@@ -100,7 +100,7 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
     start = time.perf_counter()
     ir = update_fn.experimental_get_compiler_ir(inputs_tf, seed_tf)
     proto = ir(stage="hlo_serialized")
-    header = ir(stage="hlo").split("\n", 1)[0]
+    hlo_text = ir(stage="hlo")
     lower_s = time.perf_counter() - start
 
     concrete = update_fn.get_concrete_function(inputs_tf, seed_tf)
@@ -110,6 +110,11 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
     for captured in concrete.captured_inputs:
         values.append(variables[_variable_key(captured)].numpy()
                       if captured.dtype == tf.resource else captured.numpy())
+    entry = re.search(r"^ENTRY .*$", hlo_text, re.MULTILINE).group(0)
+    num_hlo_params = len(re.findall(r"\barg\d+(?:\.\d+)?: ", entry.split(") -> ", 1)[0]))
+    if num_hlo_params != len(values):  # the order (arguments, then captures) is TF's, unchecked
+        raise RuntimeError(f"{name}: the HLO module takes {num_hlo_params} parameters, but the "
+                           f"function has {len(values)} inputs and captures")
 
     params, exact_values = [], {}
     for i, value in enumerate(values):
@@ -138,7 +143,7 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
     meta = {
         "name": name, "size": size, "inputs": inputs, "actions": actions,
         "precision": precision, "B": B, "T": T, "H": config.horizon_H,
-        "num_batch_params": len(flat), "params": params, "aliases": _aliases(header),
+        "num_batch_params": len(flat), "params": params, "aliases": _aliases(hlo_text),
         "metric_names": metric_names,
         "tf_metrics": tf_metrics,
         "num_parameters": int(sum(v.shape.num_elements() for v in learner.module[DEFAULT_MODULE_ID]
