@@ -27,7 +27,9 @@ and its matmul peaks measured in the same run (8192³ matmuls in float32 at full
 at XLA's default precision — TF32 on NVIDIA GPUs, which TF also allows by default — and bfloat16).
 `xla_cost_analysis_flops` is XLA's own estimate, which on GPUs leaves out library calls (cuBLAS,
 cuDNN). With `--check` it also compares the replayed metrics with those `export --exact` recorded
-from TF's own call of the update (same variables, batch and seed; small sizes only).
+from TF's own call of the update (same variables, batch and seed; small sizes only). With
+`--profile N` it traces N more updates with jax's profiler and reports, per device, the kernel
+count, how busy the device was over that wall time and the operations that took the most time.
 
 The HLO is what TF lowers for its CPU device; TF on a GPU lowers the same ops through the same
 bridge, so the replay runs the program TF would run there, but compiled by jaxlib's XLA, which is
@@ -271,7 +273,54 @@ def matmul_peaks(n=8192, reps=10):
     return peaks
 
 
-def replay_setting(executable, meta, exact, device, updates, check):
+def _busy_ns(events):
+    """Length of the union of the events' [start, end) intervals."""
+    total, end = 0, None
+    for start, stop in sorted((e.start_ns, e.end_ns) for e in events):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def summarize_trace(trace_dir, wall_s, top=25):
+    """Device time per operation from a jax profiler trace: for each device plane, how busy its
+    streams were over the profiled wall time, and the `top` operations by total time."""
+    import glob
+
+    from jax.profiler import ProfileData
+
+    paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
+    if not paths:
+        return {"error": f"no *.xplane.pb under {trace_dir}"}
+    data = ProfileData.from_file(paths[-1])
+    summary = {"planes": [plane.name for plane in data.planes]}
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        lines = {line.name: list(line.events) for line in plane.lines}
+        kernels = [e for name, events in lines.items() if name.startswith("Stream")
+                   for e in events]
+        ops = lines.get("XLA Ops") or kernels
+        by_name = {}
+        for event in ops:
+            ns, count = by_name.get(event.name, (0, 0))
+            by_name[event.name] = (ns + event.duration_ns, count + 1)
+        ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+        summary[plane.name] = {
+            "lines": {name: len(events) for name, events in lines.items()},
+            "kernels": len(kernels),
+            "busy_fraction": round(_busy_ns(kernels) / (wall_s * 1e9), 3) if kernels else None,
+            "top_ops_ms": [[name, round(ns / 1e6, 3), count] for name, (ns, count) in ranked],
+        }
+    return summary
+
+
+def replay_setting(executable, meta, exact, device, updates, check, profile=0,
+                   trace_dir=None):
     import jax
 
     values = _host_params(meta, exact, np.random.default_rng(0))
@@ -307,6 +356,15 @@ def replay_setting(executable, meta, exact, device, updates, check):
                   min_s=round(min(times), 5),
                   L_world_model=metrics.get("L_world_model"),
                   finite=bool(all(np.isfinite(v) for v in metrics.values())))
+    if profile:
+        jax.profiler.start_trace(trace_dir)
+        start = time.perf_counter()
+        for _ in range(profile):
+            _, args = call(args)
+        wall_s = time.perf_counter() - start
+        jax.profiler.stop_trace()
+        result["profile"] = {"updates": profile, "wall_s": round(wall_s, 4),
+                             **summarize_trace(trace_dir, wall_s)}
     return result
 
 
@@ -353,8 +411,10 @@ def replay_main(args):
             executable = futures[name].result()
             futures[name] = None
             row["compile_s"] = compile_s[name]
-            row.update(replay_setting(executable, meta, exact, device, args.updates,
-                                      args.check))
+            row.update(replay_setting(
+                executable, meta, exact, device, args.updates, args.check,
+                profile=args.profile if any(p in name for p in args.profile_only or [name])
+                else 0, trace_dir=os.path.join(args.trace_dir, name)))
             if meta.get("flops"):  # matmul + convolution FLOPs counted at export
                 row["flops"] = meta["flops"]
                 row["tflops_per_s"] = float(f"{meta['flops'] / row['s_per_update'] / 1e12:.3g}")
@@ -397,6 +457,12 @@ def parse_args(argv=None):
     replay.add_argument("--check", action="store_true",
                         help="compare the first call's metrics with TF's (needs export --exact)")
     replay.add_argument("--json", help="also append the JSON lines to this file")
+    replay.add_argument("--profile", type=int, default=0,
+                        help="also trace this many updates (jax profiler) and report the device "
+                             "time per operation")
+    replay.add_argument("--profile-only", nargs="*",
+                        help="substrings of the setting names to profile (default: all)")
+    replay.add_argument("--trace-dir", default="traces", help="where the traces go")
     replay.add_argument("--no-peak", action="store_true")
     replay.add_argument("--peak-size", type=int, default=8192)
     replay.add_argument("--compile-threads", type=int, default=4)

@@ -92,3 +92,13 @@ def test_replay_reproduces_tfs_own_update(tmp_path):
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in row, row
     assert row["check_max_rel_diff"] < 1e-3 and row["finite"]
+
+
+def test_busy_time_is_the_union_of_overlapping_kernel_intervals():
+    class Event:
+        def __init__(self, start, end):
+            self.start_ns, self.end_ns = start, end
+
+    events = [Event(10, 20), Event(0, 5), Event(15, 30), Event(18, 25), Event(40, 41)]
+    assert gus._busy_ns(events) == 5 + 20 + 1  # [0,5) + [10,30) + [40,41)
+    assert gus._busy_ns([]) == 0
