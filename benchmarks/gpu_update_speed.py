@@ -325,8 +325,11 @@ def replay_setting(executable, meta, exact, device, updates, check, profile=0,
 
     values = _host_params(meta, exact, np.random.default_rng(0))
     args = [jax.device_put(v, device) for v in values]
-    num_metrics = len(meta["metric_names"])
     aliases = meta["aliases"]
+
+    def read_metrics(outputs):  # the module's first outputs, in metric_names' order
+        return {name: float(np.asarray(outputs[i])) for i, name in
+                enumerate(meta["metric_names"])}
 
     def call(current):
         outputs = executable.execute(current)
@@ -339,8 +342,7 @@ def replay_setting(executable, meta, exact, device, updates, check, profile=0,
     outputs, args_next = call(args)
     result = {}
     if check and meta["tf_metrics"]:
-        got = {name: float(np.asarray(outputs[i])) for i, name in
-               enumerate(meta["metric_names"])}
+        got = read_metrics(outputs)
         worst = max(abs(got[k] - v) / max(abs(v), 1e-3) for k, v in meta["tf_metrics"].items())
         result["check_max_rel_diff"] = float(f"{worst:.3g}")
     args = args_next
@@ -350,8 +352,7 @@ def replay_setting(executable, meta, exact, device, updates, check, profile=0,
         start = time.perf_counter()
         outputs, args = call(args)
         times.append(time.perf_counter() - start)
-    metrics = {name: float(np.asarray(outputs[i])) for i, name in
-               enumerate(meta["metric_names"][:num_metrics])}
+    metrics = read_metrics(outputs)
     result.update(s_per_update=round(float(np.median(times)), 5),
                   min_s=round(min(times), 5),
                   L_world_model=metrics.get("L_world_model"),

@@ -153,14 +153,14 @@ def _order_statistics(flat, ranks):
     bits = tf.bitcast(flat, tf.int32)
     flip = tf.constant(0x7FFFFFFF, tf.int32)
     keys = tf.cast(tf.where(bits < 0, tf.bitwise.bitwise_xor(bits, flip), bits), tf.int64)
-    need = tf.constant([r + 1 for r in ranks], tf.float32)[:, None]  # entries at or below
+    need = tf.constant([r + 1 for r in ranks], tf.float32)  # entries at or below each rank
     ones = tf.ones([flat.shape[0], 1], tf.float32)
     lo = tf.fill([len(ranks)], tf.reduce_min(keys))
     hi = tf.fill([len(ranks)], tf.reduce_max(keys))
     for _ in range(32):  # hi - lo < 2**32 halves to 0 in 32 steps
         mid = lo + (hi - lo) // 2
         at_or_below = tf.cast(keys[None, :] <= mid[:, None], tf.float32) @ ones  # exact < 2**24
-        enough = at_or_below[:, 0] >= need[:, 0]
+        enough = at_or_below[:, 0] >= need
         hi = tf.where(enough, mid, hi)
         lo = tf.where(enough, lo, mid + 1)
     found = tf.cast(lo, tf.int32)

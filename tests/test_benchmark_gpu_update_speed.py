@@ -42,14 +42,23 @@ def test_host_params_are_exact_constant_or_redrawn_with_the_recorded_moments():
     assert values[4] == 7 and values[4].dtype == np.int64
 
 
-def test_export_writes_a_module_whose_parameters_and_aliases_match_the_update(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def _run(command, *args):
+    """`gpu_update_speed.py COMMAND ARGS` in a subprocess; its stdout (it must succeed)."""
     out = subprocess.run(
-        [sys.executable, os.path.join(BENCHMARKS, "gpu_update_speed.py"), "export",
-         "--out", str(tmp_path), "--sizes", "nano", "--inputs", "vector",
-         "--precisions", "float32"],
-        capture_output=True, text=True, env=env, timeout=600)
+        [sys.executable, os.path.join(BENCHMARKS, "gpu_update_speed.py"), command, *args],
+        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _export_nano(out_dir, *extra):
+    return _run("export", "--out", str(out_dir), "--sizes", "nano", "--inputs", "vector",
+                "--precisions", "float32", *extra)
+
+
+def test_export_writes_a_module_whose_parameters_and_aliases_match_the_update(tmp_path):
+    _export_nano(tmp_path)
     name = "nano-vector-discrete-float32"
     meta = json.loads((tmp_path / f"{name}.json").read_text())
     with gzip.open(tmp_path / f"{name}.hlo.pb.gz", "rb") as f:
@@ -79,17 +88,9 @@ def test_export_writes_a_module_whose_parameters_and_aliases_match_the_update(tm
 def test_replay_reproduces_tfs_own_update(tmp_path):
     """Needs jax (not a dependency): the replayed metrics equal TF's call of the update."""
     pytest.importorskip("jax")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    script = os.path.join(BENCHMARKS, "gpu_update_speed.py")
-    out = subprocess.run([sys.executable, script, "export", "--out", str(tmp_path), "--sizes",
-                          "nano", "--inputs", "vector", "--precisions", "float32", "--exact"],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    out = subprocess.run([sys.executable, script, "replay", "--dir", str(tmp_path), "--updates",
-                          "2", "--check", "--no-peak"],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    row = json.loads(out.stdout.strip().splitlines()[-1])
+    _export_nano(tmp_path, "--exact")
+    stdout = _run("replay", "--dir", str(tmp_path), "--updates", "2", "--check", "--no-peak")
+    row = json.loads(stdout.strip().splitlines()[-1])
     assert "error" not in row, row
     assert row["check_max_rel_diff"] < 1e-3 and row["finite"]
 
