@@ -174,6 +174,8 @@ class Conv(tf.Module):
         if _matmul_conv_applies(x, w, self.stride):
             y = (_conv_transpose_s2_matmul(x, w) if self.transpose
                  else _conv_s2_matmul(x, w))
+            # Summed once, not in each of the norm's passes that read it (XS images -10 %).
+            y = materialized(y)
         elif self.transpose:
             n, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
             out_shape = tf.stack([n, height * self.stride, width * self.stride,
@@ -375,6 +377,25 @@ def variables_read_once(*modules):
             setattr(owner, name, value)
 
 
+def _through_cond(x):
+    """`x`, passed through a `tf.cond` whose branches are both the identity (exact for any
+    predicate): XLA does not fuse across a conditional, so `x` is computed once, into a buffer
+    of its own, and its consumers read that buffer."""
+    same = lambda: tf.identity(x)  # noqa: E731
+    return tf.cond(tf.reshape(x, [-1])[0] > 0.0, same, same)
+
+
+@tf.custom_gradient
+def materialized(x):
+    """Identity that XLA computes once, into a buffer of its own (its gradient passes through).
+
+    A sum of matmul outputs (a convolution written as one matmul per kernel window) feeding a
+    LayerNorm would otherwise be fused into each of the norm's passes, forward and backward,
+    re-reading every operand each time.
+    """
+    return _through_cond(x), lambda dy: dy
+
+
 @tf.custom_gradient
 def materialized_gradient(x):
     """Identity whose gradient XLA computes once, into a buffer of its own.
@@ -387,8 +408,4 @@ def materialized_gradient(x):
     predicate, and XLA does not fuse across a conditional. (`optimization_barrier` would say
     this directly, but XLA:CPU drops it before fusion.)
     """
-    def grad(dy):
-        same = lambda: tf.identity(dy)  # noqa: E731
-        return tf.cond(tf.reshape(dy, [-1])[0] > 0.0, same, same)
-
-    return tf.identity(x), grad
+    return tf.identity(x), _through_cond

@@ -169,6 +169,39 @@ def test_materialized_gradient_is_an_exact_identity(first_sign):
     np.testing.assert_array_equal(tape.gradient(loss, x).numpy(), c.numpy())
 
 
+@pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate is x's first entry
+def test_materialized_is_an_exact_identity_with_the_identitys_gradient(first_sign):
+    x = tf.tensor_scatter_nd_update(tf.random.normal([3, 4], seed=2), [[0, 0]], [first_sign])
+    c = tf.random.normal([3, 4], seed=3)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = networks.materialized(x)
+        loss = tf.reduce_sum(c * y)
+    np.testing.assert_array_equal(y.numpy(), x.numpy())
+    np.testing.assert_array_equal(tape.gradient(loss, x).numpy(), c.numpy())
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_matmul_conv_output_is_computed_once_under_xla(transpose):
+    """The matmul path's output passes `materialized` (one conditional per conv survives XLA;
+    if XLA learns to drop it, the norm after the conv re-reads every window's product again)."""
+    conv = Conv(8, 6, 4, 2, transpose=transpose, bias=False)
+    x = tf.random.normal([networks.MATMUL_CONV_MIN_BATCH, 8, 8, 8], seed=1)
+
+    def fn(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = conv(x)
+            loss = tf.reduce_sum(tf.sin(y))
+        return y, tape.gradient(loss, [x, conv.w])
+
+    compiled = tf.function(fn, jit_compile=True)
+    for a, b in zip(tf.nest.flatten(compiled(x)), tf.nest.flatten(fn(x))):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+    hlo = compiled.experimental_get_compiler_ir(x)(stage="optimized_hlo")
+    assert hlo.count(" conditional(") == 1
+
+
 def test_materialized_gradient_keeps_an_unrolled_recurrence_exact_and_unfused_under_xla():
     gru = networks.GRUCell(3, 8)
     x = tf.random.normal([6, 5, 3], seed=4)
