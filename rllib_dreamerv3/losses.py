@@ -96,14 +96,16 @@ class Imagination(NamedTuple):
 def imagine(model, h, z, horizon, seeds):
     """Roll the actor through the world model for `horizon` steps from start states `[N, ...]`.
 
-    Returns an :class:`Imagination`. Discrete actions are fed to the dynamics without gradient
-    (REINFORCE needs none); continuous actions keep their reparameterised gradient so returns
-    can be backpropagated into the actor.
+    Returns an :class:`Imagination`. The actor acts on the states without their gradient, as
+    in DreamerV3's `policy(sg(state))`. Discrete actions are fed to the dynamics without
+    gradient (REINFORCE needs none); continuous actions keep their reparameterised gradient so
+    returns can be backpropagated into the actor through the dynamics.
     """
     wm, actor = model.world_model, model.actor
     hs, zs, indices, actions, dists = [h], [z], [wm.z_index(z)], [], []
     for t in range(horizon):
-        dist = actor.dist_from_output(wm.head(actor.mlp, h, indices[-1], z))
+        # No `z` given: the latent enters as classes, with no gradient (WorldModel.head).
+        dist = actor.dist_from_output(wm.head(actor.mlp, sg(h), indices[-1]))
         action = actor.sample(dist, seeds[2 * t])
         if actor.discrete:
             action = sg(action)
@@ -177,8 +179,7 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     scale = math_ops.return_scale_update(model.return_scale, sg(returns),
                                          hp.return_normalization_decay)
     adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
-    # With discrete actions the states carry no gradient to the actor (their actions entered the
-    # dynamics without gradient), so `dist` is what the actor gives on `sg(h[:-1]), sg(z[:-1])`.
+    # `dist` is what the actor gave on `sg(h[:-1]), sg(z[:-1])` (imagine).
     entropy = actor.entropy(dist)
     if actor.discrete:
         objective = sg(adv) * actor.log_prob(dist, actions)

@@ -181,6 +181,29 @@ def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=variable.name)
 
 
+def test_the_actor_acts_on_imagined_states_without_their_gradient():
+    """DreamerV3's `policy(sg(state))`: with continuous actions the actor's output at a step
+    depends on its variables directly only, not through the earlier actions that led to the
+    state; the states themselves still carry the actions' gradient (returns backpropagate
+    through the dynamics)."""
+    model, _ = build("nano", discrete=False)
+    wm, actor = model.world_model, model.actor
+    h = tf.random.normal([4, wm.size.gru_units], seed=8)
+    z = wm.sample_z(tf.random.normal([4, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
+    with tf.GradientTape(persistent=True) as tape:
+        imagined = losses.imagine(model, h, z, 3, random_ops.split(tf.constant([3, 4]), 6))
+        mean_at_2 = imagined.dist[0][2]
+        feat_2 = tf.stop_gradient(tf.concat([imagined.h[2], imagined.z[2]], -1))
+        direct = actor.dist(feat_2)[0]
+        state_2 = tf.reduce_sum(tf.sin(imagined.h[2]))
+    np.testing.assert_allclose(mean_at_2, direct, rtol=1e-5, atol=1e-6)
+    for a, b in zip(tape.gradient(mean_at_2, actor.trainable_variables),
+                    tape.gradient(direct, actor.trainable_variables)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+    through_dynamics = tape.gradient(state_2, actor.trainable_variables)
+    assert max(float(tf.reduce_max(tf.abs(g))) for g in through_dynamics) > 1e-6
+
+
 def test_world_model_loss_terms_at_init():
     model, _ = build()
     _, metrics, (h, z) = losses.world_model_loss(
