@@ -266,7 +266,14 @@ class ConvBlock(tf.Module):
         self.norm = LayerNorm(out_channels)
 
     def __call__(self, x):
-        return tf.nn.silu(self.norm(self.conv(x)))
+        # Norm and SiLU on the feature map viewed as a matrix `[N * H * W, channels]`: over the
+        # 4-D map, the gradients of the norm's scale and offset are sums over three leading axes,
+        # which XLA:CPU splits into reduce-windows that stride through memory (58 ms for one
+        # `[1024, 32, 32, 32]` sum at S); over the matrix they are column sums read in order
+        # (5-9 ms). (Doing the same for the MLPs' rank-3 inputs made the update slower.)
+        y = self.conv(x)
+        flat = tf.reshape(y, [-1, y.shape[-1]])
+        return tf.reshape(tf.nn.silu(self.norm(flat)), tf.shape(y))
 
 
 class MLP(tf.Module):
