@@ -174,8 +174,9 @@ class Conv(tf.Module):
         if _matmul_conv_applies(x, w, self.stride):
             y = (_conv_transpose_s2_matmul(x, w) if self.transpose
                  else _conv_s2_matmul(x, w))
-            # Summed once, not in each of the norm's passes that read it (XS images -10 %).
-            y = materialized(y)
+            # Summed once, not in each of the norm's passes that read it (XS images -10 %); the
+            # predicate reads the input, else XLA materialises the transposed conv's parts for it.
+            y = materialized(y, decider=x)
         elif self.transpose:
             n, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
             out_shape = tf.stack([n, height * self.stride, width * self.stride,
@@ -384,23 +385,33 @@ def variables_read_once(*modules):
             setattr(owner, name, value)
 
 
-def _through_cond(x):
+def _through_cond(x, decider=None):
     """`x`, passed through a `tf.cond` whose branches are both the identity (exact for any
     predicate): XLA does not fuse across a conditional, so `x` is computed once, into a buffer
-    of its own, and its consumers read that buffer."""
+    of its own, and its consumers read that buffer. The predicate reads the first entry of
+    `decider` (default `x`)."""
+    decider = x if decider is None else decider
     same = lambda: tf.identity(x)  # noqa: E731
-    return tf.cond(tf.reshape(x, [-1])[0] > 0.0, same, same)
+    return tf.cond(tf.reshape(decider, [-1])[0] > 0.0, same, same)
 
 
-@tf.custom_gradient
-def materialized(x):
+def materialized(x, decider=None):
     """Identity that XLA computes once, into a buffer of its own (its gradient passes through).
 
     A sum of matmul outputs (a convolution written as one matmul per kernel window) feeding a
     LayerNorm would otherwise be fused into each of the norm's passes, forward and backward,
-    re-reading every operand each time.
+    re-reading every operand each time. `decider`: a tensor computed before `x` (e.g. the
+    layer's input) whose first entry is the conditional's predicate; by default `x`'s own,
+    which XLA then computes from `x`'s operands in a fusion of its own, and may materialise
+    them for it.
     """
-    return _through_cond(x), lambda dy: dy
+    decider = None if decider is None else tf.stop_gradient(decider)
+
+    @tf.custom_gradient
+    def identity(x):
+        return _through_cond(x, decider), lambda dy: dy
+
+    return identity(x)
 
 
 @tf.custom_gradient
