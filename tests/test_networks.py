@@ -157,10 +157,10 @@ def test_onehot_partial_has_the_matmuls_gradients(with_onehot):
         assert d_onehot is None
 
 
-@pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate is dy's first entry
+@pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate is x's first entry
 def test_materialized_gradient_is_an_exact_identity(first_sign):
-    x = tf.random.normal([3, 4], seed=2)
-    c = tf.tensor_scatter_nd_update(tf.random.normal([3, 4], seed=3), [[0, 0]], [first_sign])
+    x = tf.tensor_scatter_nd_update(tf.random.normal([3, 4], seed=2), [[0, 0]], [first_sign])
+    c = tf.random.normal([3, 4], seed=3)
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = networks.materialized_gradient(x)
