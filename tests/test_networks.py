@@ -157,25 +157,15 @@ def test_onehot_partial_has_the_matmuls_gradients(with_onehot):
         assert d_onehot is None
 
 
-@pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate is x's first entry
-def test_materialized_gradient_is_an_exact_identity(first_sign):
+@pytest.mark.parametrize("identity", [networks.materialized_gradient, networks.materialized,
+                                      lambda x: networks.materialized(x, decider=-x)])
+@pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate: the first entry
+def test_materialized_identities_are_exact_with_the_identitys_gradient(identity, first_sign):
     x = tf.tensor_scatter_nd_update(tf.random.normal([3, 4], seed=2), [[0, 0]], [first_sign])
     c = tf.random.normal([3, 4], seed=3)
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = networks.materialized_gradient(x)
-        loss = tf.reduce_sum(c * y)
-    np.testing.assert_array_equal(y.numpy(), x.numpy())
-    np.testing.assert_array_equal(tape.gradient(loss, x).numpy(), c.numpy())
-
-
-@pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate is x's first entry
-def test_materialized_is_an_exact_identity_with_the_identitys_gradient(first_sign):
-    x = tf.tensor_scatter_nd_update(tf.random.normal([3, 4], seed=2), [[0, 0]], [first_sign])
-    c = tf.random.normal([3, 4], seed=3)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = networks.materialized(x)
+        y = identity(x)
         loss = tf.reduce_sum(c * y)
     np.testing.assert_array_equal(y.numpy(), x.numpy())
     np.testing.assert_array_equal(tape.gradient(loss, x).numpy(), c.numpy())
