@@ -56,7 +56,10 @@ class Dense(tf.Module):
     def __call__(self, x):
         if self.b is None:
             return self.partial(x, 0, self.w.shape[0])
-        if self.matmul_dtype != tf.float32:  # keep the bias in float32
+        if self.matmul_dtype != tf.float32 or not isinstance(self.w, tf.Variable):
+            # bfloat16 keeps the bias in float32; weights read once for a loop
+            # (`variables_read_once`) keep it apart too: the folded kernel would be a new tensor
+            # every step, which the loop's gradient stores once per step ([64, 257, 1024] at XS).
             return self.partial(x, 0, self.w.shape[0]) + self.b
         # The bias as one more kernel row, on a constant-1 feature: XLA:CPU then neither adds
         # it in a pass of its own over the output nor sums its gradient in another (both cost

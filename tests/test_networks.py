@@ -117,6 +117,30 @@ def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+def test_a_dense_layer_read_once_for_a_loop_keeps_its_bias_apart():
+    """Inside `variables_read_once` a folded kernel would be a new tensor every step, which the
+    loop's gradient stores once per step (a `[steps, in + 1, out]` stack); values and gradients
+    are those of the plain layer either way."""
+    dense = networks.Dense(7, 4)
+    dense.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25]))
+    xs = tf.random.normal([6, 5, 7], seed=3)
+
+    def fn(xs, read_once):
+        block = networks.variables_read_once(dense) if read_once else contextlib.nullcontext()
+        with tf.GradientTape() as tape, block:
+            hs = networks.scan(lambda h, x_t: tf.tanh(dense(x_t) + h), xs, tf.zeros([5, 4]))
+            loss = tf.reduce_sum(tf.sin(hs))
+        return loss, tape.gradient(loss, dense.trainable_variables)
+
+    ours = tf.function(lambda xs: fn(xs, True), jit_compile=True)
+    for a, b in zip(tf.nest.flatten(ours(xs)), tf.nest.flatten(fn(xs, False))):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    # The program TF hands XLA has no per-step stack of the folded kernel (in a loop this small
+    # XLA removes it again; in the observe loop it did not).
+    hlo = ours.experimental_get_compiler_ir(xs)(stage="hlo")
+    assert "f32[6,5,7]" in hlo and "f32[6,8,4]" not in hlo
+
+
 def test_onehot_partial_equals_the_matmul_with_the_one_hot_features():
     tf.random.set_seed(0)
     mlp = MLP(5 + 3 * 4, 8, 1)  # 5 plain features, then 3 one-hot groups of 4 classes
