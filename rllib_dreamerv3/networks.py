@@ -408,8 +408,6 @@ def materialized(x, decider=None):
     which XLA then computes from `x`'s operands in a fusion of its own, and may materialise
     them for it.
     """
-    decider = None if decider is None else tf.stop_gradient(decider)
-
     @tf.custom_gradient
     def identity(x):
         return _through_cond(x, decider), lambda dy: dy
