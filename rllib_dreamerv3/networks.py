@@ -76,6 +76,9 @@ class Dense(tf.Module):
         if x.shape[-1] is not None and x.shape[-1] != stop - start:
             raise ValueError(f"Dense.partial: x has {x.shape[-1]} features, rows {start}:{stop} "
                              f"of the kernel need {stop - start}.")
+        read_once = _READ_ONCE.get((self, start, stop))  # see `variables_read_once`
+        if read_once is not None and x.shape.rank == 2 and self.matmul_dtype == tf.float32:
+            return _matmul_given_transpose(x, *read_once)
         w = self.w if (start, stop) == (0, self.w.shape[0]) else self.w[start:stop]
         x, w = _in(self.matmul_dtype, x, w)
         return _out(_matmul(x, w))
@@ -112,6 +115,20 @@ class Dense(tf.Module):
         return row_sums(rows) if onehot is None else row_sums(rows, onehot)
 
 
+def _matmul_given_transpose(x, w, w_t):
+    """`x @ w` for a kernel read once before a loop, whose input gradient `dy @ w^T` multiplies
+    `w_t`, the transpose made once before the loop too: XLA:CPU multiplies a loop's small
+    `[batch, out]` gradients by a transposed operand ~25 % slower than by a plain one, and
+    these products are the observe loop's backward critical path."""
+    @tf.custom_gradient
+    def matmul(x, w):
+        def grad(dy):
+            return tf.matmul(dy, w_t), tf.matmul(x, dy, transpose_a=True)
+        return tf.matmul(x, w), grad
+
+    return matmul(x, w)
+
+
 def _row_sums(rows, index, num_classes):
     """`sum_k rows[k * num_classes + index[..., k]]`, `[..., units]`."""
     flat = index + num_classes * tf.range(index.shape[-1])
@@ -132,7 +149,24 @@ class LayerNorm(tf.Module):
 
     def __call__(self, x):
         mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
-        return (x - mean) * tf.math.rsqrt(var + self.eps) * self.scale + self.offset
+        normed = (x - mean) * tf.math.rsqrt(var + self.eps)
+        if x.shape.rank > 2:
+            return _scaled_flat_grads(normed, self.scale, self.offset)
+        return normed * self.scale + self.offset
+
+
+@tf.custom_gradient
+def _scaled_flat_grads(normed, scale, offset):
+    """`normed * scale + offset` for inputs of rank > 2, whose scale and offset gradients are
+    column sums of the gradient viewed as a matrix `[rows, units]`: over the leading axes of
+    `[T, N, units]`, XLA:CPU sums in reduce-windows that stride through memory."""
+    def grad(dy):
+        flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
+        flat_normed = tf.reshape(normed, [-1, dy.shape[-1]])
+        return (dy * scale, tf.reduce_sum(flat_dy * flat_normed, 0),
+                tf.reduce_sum(flat_dy, 0))
+
+    return normed * scale + offset, grad
 
 
 class DenseBlock(tf.Module):
@@ -362,8 +396,12 @@ def scan(fn, elems, initializer):
         for out, x in zip(lists, flat_init)])
 
 
+# (dense, start, stop) -> (kernel rows, their transpose), read once: see `variables_read_once`
+_READ_ONCE = {}
+
+
 @contextlib.contextmanager
-def variables_read_once(*modules):
+def variables_read_once(*modules, row_blocks=()):
     """Within the block, the variables of `modules` (and their submodules) are tensors read once.
 
     For loops (`tf.scan`, `tf.while_loop`) built inside the block: a variable read inside a
@@ -373,8 +411,14 @@ def variables_read_once(*modules):
     gradients still reach the variables (the read is recorded by any active tape). The modules'
     attributes are swapped for the block's duration, so do not trace other functions of the same
     modules from another thread meanwhile.
+
+    Every :class:`Dense` kernel inside is also transposed here, once, for the gradient of its
+    products with the loop's rank-2 inputs (see :func:`_matmul_given_transpose`).
+    `row_blocks`: `(dense, start, stop)` for each :meth:`Dense.partial` of a part of the kernel
+    the loop calls: those rows are sliced (and transposed) here too (sliced in the loop, the
+    rows would be a new tensor per step, stacked for the gradient like a variable read there).
     """
-    saved = []
+    saved, keys = [], []
     try:
         for module in modules:
             for owner in (module, *module.submodules):
@@ -382,8 +426,22 @@ def variables_read_once(*modules):
                     if isinstance(value, tf.Variable):
                         saved.append((owner, name, value))
                         setattr(owner, name, tf.convert_to_tensor(value))
+        denses = [sub for module in modules for sub in (module, *module.submodules)
+                  if isinstance(sub, Dense)]
+        blocks = [(dense, 0, dense.w.shape[0]) for dense in denses]
+        for dense, start, stop in row_blocks:
+            if dense not in denses:
+                raise ValueError(f"variables_read_once: row_blocks names {dense.name!r}, which "
+                                 "is not inside the modules given; add its module to them.")
+            blocks.append((dense, start, stop))
+        for dense, start, stop in blocks:
+            rows = dense.w if (start, stop) == (0, dense.w.shape[0]) else dense.w[start:stop]
+            _READ_ONCE[(dense, start, stop)] = (rows, tf.transpose(rows))
+            keys.append((dense, start, stop))
         yield
     finally:
+        for key in keys:
+            del _READ_ONCE[key]
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
 

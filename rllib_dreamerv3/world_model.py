@@ -180,7 +180,9 @@ class WorldModel(tf.Module):
         # The loop's weights are read once, before it (else their gradient stacks a copy of every
         # weight per step).
         embed_part = self.posterior_embed_part(embed)
-        with networks.variables_read_once(self.gru_input, self.gru, self.posterior_net):
+        first = self.posterior_net.blocks[0].dense
+        with networks.variables_read_once(self.gru_input, self.gru, self.posterior_net,
+                                          row_blocks=[(first, 0, self.size.gru_units)]):
             h, z, post = networks.scan(step, (embed_part, prev_action, is_first, seeds), state)
         prior = tf.reshape(self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])),
                            [-1, batch, *self.stoch_shape])

@@ -80,6 +80,31 @@ def test_layer_norm_matches_numpy(shape, compiled):
     np.testing.assert_allclose(fn(tf.constant(x)), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(7, 24), (3, 5, 24)])
+def test_layer_norm_has_the_formulas_gradients(shape):
+    """Rank > 2 inputs take their scale and offset gradients as column sums of a matrix view
+    (a custom gradient): all gradients equal those of the plain formula's."""
+    rng = np.random.default_rng(1)
+    x = tf.constant((rng.normal(size=shape) * 3.0 + 2.0).astype(np.float32))
+    weights = tf.constant(rng.normal(size=shape).astype(np.float32))
+    norm = LayerNorm(shape[-1])
+    norm.scale.assign(rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32))
+    norm.offset.assign(rng.normal(size=shape[-1]).astype(np.float32))
+
+    def formula(x):
+        mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(var + norm.eps) * norm.scale + norm.offset
+
+    grads = []
+    for fn in (norm, formula):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.sin(fn(x)) * weights)
+        grads.append(tape.gradient(loss, [x, norm.scale, norm.offset]))
+    for ours, reference in zip(*grads):
+        np.testing.assert_allclose(ours.numpy(), reference.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatenation():
     tf.random.set_seed(0)
     mlp = MLP(5 + 7, 16, 2, out_units=3)
@@ -269,6 +294,43 @@ def test_variables_read_once_gives_a_loops_exact_gradients_and_restores_the_vari
     with pytest.raises(RuntimeError), networks.variables_read_once(mlp):
         raise RuntimeError
     assert isinstance(mlp.out.w, tf.Variable) and len(mlp.trainable_variables) == 5
+
+
+def test_variables_read_once_slices_row_blocks_and_transposes_kernels_before_the_loop():
+    """A loop calling `partial` on part of a kernel gets the rows sliced once, and every
+    product's input gradient multiplies a kernel transposed once: the program TF hands XLA
+    stacks no per-step copy of the rows and has no dot with a transposed right operand. Values
+    and gradients equal those of the plain loop; the slices are dropped after the block."""
+    mlp = MLP(4 + 3, 6, 1, out_units=4)
+    first = mlp.blocks[0].dense
+    xs = tf.random.normal([5, 2, 3], seed=8)
+
+    def fn(xs, read_once):
+        def step(h, part):
+            return tf.tanh(mlp(h, rest=part))
+
+        block = (networks.variables_read_once(mlp, row_blocks=[(first, 0, 4)]) if read_once
+                 else contextlib.nullcontext())
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            parts = first.partial(xs, 4, 7)  # the input's share, for all steps at once
+            with block:
+                hs = networks.scan(step, parts, tf.zeros([2, 4]))
+            loss = tf.reduce_sum(tf.sin(hs))
+        return loss, tape.gradient(loss, [xs, *mlp.trainable_variables])
+
+    ours = tf.function(lambda xs: fn(xs, True), jit_compile=True)
+    for a, b in zip(tf.nest.flatten(ours(xs)), tf.nest.flatten(fn(xs, False))):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+    hlo = ours.experimental_get_compiler_ir(xs)(stage="hlo")
+    assert "f32[5,4,6]" not in hlo  # the rows [4, 6], once per step
+    loop_dots = [line for line in hlo.splitlines() if " dot(" in line and "while/" in line]
+    assert len(loop_dots) == 6  # forward: 2 products; backward: their inputs' and kernels'
+    assert not [line for line in loop_dots if "rhs_contracting_dims={1}" in line]
+    assert not networks._READ_ONCE
+    with pytest.raises(ValueError, match="row_blocks"):
+        with networks.variables_read_once(mlp.out, row_blocks=[(first, 0, 4)]):
+            pass
 
 
 @pytest.mark.parametrize("compiled", [False, True])
