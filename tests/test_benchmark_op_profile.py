@@ -33,3 +33,33 @@ def test_profile_ops_sees_the_matmul_once_per_run():
                if any(key in name.lower() for key in ("dot", "matmul", "ynn"))}
     assert matmuls, f"no matmul among {sorted(ops)}"
     assert all(calls == 1.0 and ms > 0 for ms, calls in matmuls.values()), matmuls
+
+
+TIMELINE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import op_profile
+import tensorflow as tf
+fn = tf.function(lambda a, b: tf.tanh(a @ b) @ tf.transpose(b), jit_compile=True,
+                 autograph=False)
+a, b = tf.ones([512, 512]), tf.ones([512, 256])
+fn(a, b)
+print(json.dumps(op_profile.busy_timeline(fn, (a, b), segments=4)))
+"""
+
+
+def test_busy_timeline_cuts_one_run_into_segments():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", TIMELINE, BENCHMARKS], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["wall_ms"] > 0
+    segments = result["segments"]
+    assert len(segments) == 4
+    assert [s["start_ms"] for s in segments] == sorted(s["start_ms"] for s in segments)
+    for s in segments:
+        assert 0.0 <= s["busy_two"] <= s["busy_one"] <= 1.0
+    assert max(s["busy_one"] for s in segments) > 0.5
+    kinds = {kind.lower() for s in segments for kind, _ in s["top"]}
+    assert any(key in kind for kind in kinds for key in ("dot", "matmul", "ynn")), kinds
