@@ -94,8 +94,25 @@ class Dense(tf.Module):
         critic alone). Without `onehot` no gradient reaches the features; with `onehot` (the
         features themselves, `[..., K * num_classes]`, e.g. a straight-through sample) they get
         the matmul's gradient `dy @ kernel^T`.
+
+        In a loop whose weights are read once (`variables_read_once`, these rows among its
+        `row_blocks`), and with `onehot` given, both gradients are small matmuls instead
+        (`onehot^T @ dy`, and `dy` times the rows' transpose made before the loop): 32 segment
+        sums per step cost more than the matmul at a loop's 16 rows.
         """
-        rows = self.w[start:start + index.shape[-1] * num_classes]
+        stop = start + index.shape[-1] * num_classes
+        read_once = _READ_ONCE.get((self, start, stop))  # rows sliced before a loop
+        rows = self.w[start:stop] if read_once is None else read_once[0]
+        if read_once is not None and onehot is not None and onehot.shape.rank == 2:
+            rows_t = read_once[1]
+
+            @tf.custom_gradient
+            def looped(rows, features):
+                def grad(dy):
+                    return (tf.matmul(features, dy, transpose_a=True), tf.matmul(dy, rows_t))
+                return _row_sums(rows, index, num_classes), grad
+
+            return looped(rows, onehot)
 
         @tf.custom_gradient
         def row_sums(rows, *features):

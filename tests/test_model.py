@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rllib_dreamerv3 import losses, random_ops
+from rllib_dreamerv3 import losses, random_ops, world_model
 from rllib_dreamerv3.config import HYPERPARAMETERS
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
@@ -114,9 +114,12 @@ def test_reset_on_is_first_restores_initial_state():
     np.testing.assert_allclose(a_r, [[0, 0], [1, 1]])
 
 
-def test_observe_matches_a_loop_of_observe_steps():
-    """`observe` (embedding's posterior share and the prior outside the recurrence) gives the
-    same states and logits as the one-step path the policy uses, with resets mid-sequence."""
+@pytest.mark.parametrize("by_index", [False, True])
+def test_observe_matches_a_loop_of_observe_steps(by_index, monkeypatch):
+    """`observe` (embedding's posterior share and the prior outside the recurrence; with
+    `by_index`, the latent entering the dynamics by its classes) gives the same states and
+    logits as the one-step path the policy uses, with resets mid-sequence."""
+    monkeypatch.setattr(world_model, "OBSERVE_BY_INDEX_MIN_FEATURES", 0 if by_index else 10**9)
     model, _ = build("micro")
     wm = model.world_model
     batch = make_batch(3)
@@ -132,6 +135,45 @@ def test_observe_matches_a_loop_of_observe_steps():
                                                     is_first[t], seeds[t])
         for ours, ref in [(h[t], h_t), (z[t], z_t), (post[t], post_t), (prior[t], prior_t)]:
             np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_observe_by_latent_classes_has_the_one_hot_paths_gradients(monkeypatch):
+    """Compiled, the observe loop feeding the latent by its classes (row sums with the one-hot
+    matmul's gradients, in the loop) gives the one-hot path's values and gradients."""
+    model, _ = build("micro")
+    wm = model.world_model
+    batch = make_batch(4)
+    obs = losses.time_major(batch["obs"])
+    actions = losses.time_major(batch["actions"])
+    prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
+    is_first = losses.time_major(batch["is_first"])
+    seeds = random_ops.split(tf.constant([7, 8]), T)
+    variables = wm.trainable_variables
+
+    def run(threshold):
+        monkeypatch.setattr(world_model, "OBSERVE_BY_INDEX_MIN_FEATURES", threshold)
+
+        @tf.function(jit_compile=True, autograph=False)
+        def fn():
+            with tf.GradientTape() as tape:
+                outputs = wm.observe(wm.encoder(obs), prev_actions, is_first, seeds)
+                loss = tf.add_n([tf.reduce_sum(tf.sin(x)) for x in outputs])
+            return outputs, tape.gradient(loss, variables)
+
+        return fn()
+
+    (ours, our_grads), (ref, ref_grads) = run(0), run(10**9)
+    for a, b in zip(ours, ref):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+    checked = 0
+    for var, a, b in zip(variables, our_grads, ref_grads):
+        assert (a is None) == (b is None), var.name
+        if a is not None:
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-5,
+                                       err_msg=var.name)
+            checked += 1
+    kernel = next(i for i, var in enumerate(variables) if var is wm.gru_input.dense.w)
+    assert checked > 10 and np.abs(our_grads[kernel].numpy()).max() > 0
 
 
 @pytest.mark.parametrize("discrete", [True, False])
