@@ -20,12 +20,18 @@ print(json.dumps({"seconds": seconds, "ops": ops}))
 """
 
 
-def test_profile_ops_sees_the_matmul_once_per_run():
+def _run(script):
+    """Run `script` in a fresh interpreter (op_profile must set XLA_FLAGS before TensorFlow
+    compiles anything) and return the JSON of its last line."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, BENCHMARKS], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", script, BENCHMARKS], capture_output=True,
                          text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_profile_ops_sees_the_matmul_once_per_run():
+    result = _run(SCRIPT)
     assert result["seconds"] > 0
     ops = result["ops"]
     assert ops, "no XLA operations found in the trace"
@@ -49,11 +55,7 @@ print(json.dumps(op_profile.busy_timeline(fn, (a, b), segments=4)))
 
 
 def test_busy_timeline_cuts_one_run_into_segments():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", TIMELINE, BENCHMARKS], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = _run(TIMELINE)
     assert result["wall_ms"] > 0
     segments = result["segments"]
     assert len(segments) == 4
