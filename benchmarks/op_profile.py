@@ -46,6 +46,11 @@ _SPANS = {"ThunkExecutor::Execute", "CpuExecutable::ExecuteAsyncOnStream"}  # XL
 _SKIP = _SPANS | {"SlinkyThreadPool::Await", "BlockUntilReady"}  # inside spans, not operations
 
 
+def _kind(name):
+    """An XLA operation's kind: its name without XLA's numbering (`fusion.12` -> `fusion`)."""
+    return re.sub(r"(\.\d+)+$", "", name)
+
+
 def _trace(fn, args, runs):
     """Run the compiled `fn(*args)` `runs` times under the profiler: `(seconds per run, events)`.
 
@@ -123,7 +128,7 @@ def busy_timeline(fn, args, segments=20, resolution_ms=0.01):
         for _, begin, duration, name in events:
             overlap = min(begin + duration, hi) - max(begin, lo)
             if overlap > 0:
-                kinds[re.sub(r"(\.\d+)+$", "", name)] += overlap / 1e9
+                kinds[_kind(name)] += overlap / 1e9
         inside = busy[(grid >= lo) & (grid < hi)]
         rows.append({"start_ms": round((lo - start) / 1e9, 2),
                      "busy_one": round(float(np.mean(inside >= 1)), 3) if inside.size else 0.0,
@@ -161,7 +166,7 @@ def main(argv=None):
 
     kinds = collections.defaultdict(lambda: [0.0, 0.0])
     for name, (ms, calls) in ops.items():
-        kind = kinds[re.sub(r"(\.\d+)+$", "", name)]
+        kind = kinds[_kind(name)]
         kind[0] += ms
         kind[1] += calls
     top = sorted(ops.items(), key=lambda item: -item[1][0])[:args.top]

@@ -182,16 +182,14 @@ class WorldModel(tf.Module):
             index0 = self.z_index(initial[1])  # [1, K]
             state += (tf.tile(index0, [batch, 1]),)
 
-        def step(carry, inputs):
+        def step(carry, inputs):  # `_posterior_step`, optionally carrying the latent's classes
             part_t, action_t, first_t, seed_t = inputs
-            if not by_index:
-                return self._posterior_step(carry[0], carry[1], action_t, None, first_t, seed_t,
-                                            initial=initial, embed_part=part_t)
-            h, z, _, index = carry
-            h, z, action_t = self.reset(h, z, action_t, first_t, initial)
-            index = tf.where(first_t[:, None], index0, index)
+            h, z, action_t = self.reset(carry[0], carry[1], action_t, first_t, initial)
+            index = tf.where(first_t[:, None], index0, carry[3]) if by_index else None
             h = self.sequence_step(h, z, action_t, z_index=index)
             post = self.posterior_logits(h, embed_part=part_t)
+            if not by_index:
+                return h, self.sample_z(post, seed_t), post
             z, index = self.sample_z(post, seed_t, with_index=True)
             return h, z, post, index
 
