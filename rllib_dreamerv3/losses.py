@@ -44,7 +44,8 @@ def world_model_loss(model, batch, seeds, hp):
     feat = tf.concat([h, z], -1)
 
     decoder_loss = wm.decoder.loss(feat, obs)
-    reward_loss = math_ops.two_hot_loss(wm.reward_head(feat), rewards, wm.bins)
+    reward_logits, reward_mean = wm.reward_head.with_mean_output(feat)
+    reward_loss = math_ops.two_hot_loss(reward_logits, rewards, wm.bins, reward_mean)
     continue_loss = tf.nn.sigmoid_cross_entropy_with_logits(cont, wm.continue_logit(feat))
     pred_loss = decoder_loss + reward_loss + continue_loss
 
@@ -142,37 +143,38 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     # The reward and continue heads run on the imagined states only: the start states' reward
     # is unused and their continue flag is the real one.
     h = sg(h_grad)
+    # The two-hot heads' softmaxes are shifted by their mean logit, which the heads return for
+    # the price of a matrix-vector product (math_ops.two_hot_stats: no pass for the row maximum).
     # With continuous actions the returns backpropagate into the actor through the rewards.
-    reward = math_ops.two_hot_mean(
-        wm.head(wm.reward_head, h_grad[1:], z_index[1:], z_grad[1:]), wm.bins)
+    reward_logits, reward_mean = wm.head(wm.reward_head, h_grad[1:], z_index[1:], z_grad[1:],
+                                         with_mean=True)
+    reward = math_ops.two_hot_stats(reward_logits, wm.bins, reward_mean)[0]
     reward = tf.concat([tf.zeros_like(start_cont)[None], reward], 0)
     cont_logit = wm.head(wm.continue_head, h[1:], z_index[1:])[..., 0]
     cont = tf.cast(cont_logit > 0.0, tf.float32)  # mode of the continue head
     cont = tf.concat([start_cont[None], cont], 0)
-    # One critic pass and one log-softmax serve the values (returns, advantages) and the critic's
-    # loss. With continuous actions the returns backpropagate into the actor through the values,
-    # so the critic runs on the states with their gradient; the critic loss is differentiated
-    # w.r.t. the critic's variables only, so this path to the states does not affect it.
-    critic_log_probs = tf.nn.log_softmax(
-        wm.head(critic.mlp, h, z_index) if actor.discrete
-        else wm.head(critic.mlp, h_grad, z_index, z_grad))  # [H + 1, N, bins]
-    value = math_ops.two_hot_mean_of_log_probs(critic_log_probs, critic.bins)
+    # One critic pass serves the values (returns, advantages) and the critic's loss. With
+    # continuous actions the returns backpropagate into the actor through the values, so the
+    # critic runs on the states with their gradient; the critic loss is differentiated w.r.t.
+    # the critic's variables only, so this path to the states does not affect it.
+    critic_logits, critic_mean = (
+        wm.head(critic.mlp, h, z_index, with_mean=True) if actor.discrete
+        else wm.head(critic.mlp, h_grad, z_index, z_grad, with_mean=True))  # [H + 1, N, bins]
+    value, log_normalizer = math_ops.two_hot_stats(critic_logits, critic.bins, critic_mean)
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
 
-    ema_value = math_ops.two_hot_mean(wm.head(model.critic_ema.mlp, h[:-1], z_index[:-1]),
-                                      critic.bins)
+    ema_logits, ema_mean = wm.head(model.critic_ema.mlp, h[:-1], z_index[:-1], with_mean=True)
+    ema_value = math_ops.two_hot_stats(ema_logits, critic.bins, ema_mean)[0]
     # Cross-entropy towards the returns plus the regulariser's towards the EMA critic's values:
-    # both of the same logits, so the two label sets are added. The loss runs on all H + 1
-    # states with weight 0 on the last (which has no return): slicing the logits to the first H
-    # and padding their gradient back cost more than the extra row (-6 % of a nano update, A/B).
+    # both of the same logits, in one pass. The loss runs on all H + 1 states with weight 0 on
+    # the last (which has no return): slicing the logits to the first H and padding their
+    # gradient back cost more than the extra row (-6 % of a nano update, A/B).
     no_return = tf.zeros_like(start_cont)[None]
-    labels = (math_ops.two_hot(math_ops.symlog(sg(tf.concat([returns, no_return], 0))),
-                               critic.bins)
-              + hp.critic_ema_regularizer
-              * math_ops.two_hot(math_ops.symlog(sg(tf.concat([ema_value, no_return], 0))),
-                                 critic.bins))
-    cross_entropy = -tf.reduce_sum(labels * critic_log_probs, -1)  # [H + 1, N]
+    cross_entropy = math_ops.two_hot_cross_entropy(
+        critic_logits, log_normalizer,
+        [tf.concat([returns, no_return], 0), tf.concat([ema_value, no_return], 0)],
+        [1.0, hp.critic_ema_regularizer], critic.bins)  # [H + 1, N]
     critic_loss = (tf.reduce_sum(tf.concat([weights, no_return], 0) * cross_entropy)
                    / tf.cast(tf.size(weights), tf.float32))  # the mean over the H steps
 

@@ -348,6 +348,19 @@ class MLP(tf.Module):
             x = block(x, rest if i == 0 else None)
         return self.out(x) if self.out is not None else x
 
+    def with_mean_output(self, x, rest=None):
+        """`(self(x, rest), mean)`: the output `[..., out_units]` and the mean of its units
+        `[...]`, without gradient, for the price of a matrix-vector product of the output
+        layer's input with the kernel's row means (a cheap shift for
+        :func:`~rllib_dreamerv3.math_ops.two_hot_stats`)."""
+        for i, block in enumerate(self.blocks):
+            x = block(x, rest if i == 0 else None)
+        out = self.out
+        mean = tf.tensordot(tf.stop_gradient(x), tf.stop_gradient(tf.reduce_mean(out.w, 1)), 1)
+        if out.b is not None:
+            mean += tf.stop_gradient(tf.reduce_mean(out.b))
+        return out(x), mean
+
     def first_layer_part(self, x, start):
         """The first layer's pre-activation contribution of input features `start:` (in `x`)."""
         dense = self.blocks[0].dense

@@ -75,12 +75,13 @@ class WorldModel(tf.Module):
         return tf.argmax(tf.reshape(z, [*z.shape[:-1], *self.stoch_shape]), -1,
                          output_type=tf.int32)
 
-    def head(self, mlp, h, z_index, z=None):
+    def head(self, mlp, h, z_index, z=None, with_mean=False):
         """`mlp([h, z])` with `z` given by its classes: the latent's share of the first layer is
         a sum of kernel rows (:meth:`MLP.first_layer_onehot_part`). The variables' gradients are
-        those of `mlp([h, z])`; so are `z`'s if `z` is given, else no gradient reaches `z`."""
-        return mlp(h, rest=mlp.first_layer_onehot_part(z_index, self.size.gru_units,
-                                                       self.size.num_classes, z))
+        those of `mlp([h, z])`; so are `z`'s if `z` is given, else no gradient reaches `z`.
+        `with_mean`: return `(output, mean of its units)` (:meth:`MLP.with_mean_output`)."""
+        rest = mlp.first_layer_onehot_part(z_index, self.size.gru_units, self.size.num_classes, z)
+        return mlp.with_mean_output(h, rest) if with_mean else mlp(h, rest=rest)
 
     def mode_z(self, logits):
         """Most likely class of every categorical, one-hot `[N, K * C]`."""

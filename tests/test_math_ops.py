@@ -57,27 +57,70 @@ def test_two_hot_round_trip_through_logits(y):
     np.testing.assert_allclose(math_ops.two_hot_mean(logits, bins), y, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("of_log_probs", [False, True])
-def test_two_hot_mean_of_batched_logits_and_its_gradient(of_log_probs):
-    """The expected bin (a matvec with the bins) equals the numpy sum, gradient included, from
-    the logits or from their log-softmax."""
+def _numpy_softmax(logits):
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+# The shift two_hot_stats subtracts before exponentiating: the default (the row maximum), the
+# row mean (the fast one the heads use), and shifts by which every row overflows or underflows,
+# which must fall back to the maximum (compiled: through XLA's conditional).
+SHIFTS = {"max": None, "mean": lambda x: tf.reduce_mean(x, -1),
+          "overflowing": lambda x: tf.reduce_mean(x, -1) - 200.0,
+          "underflowing": lambda x: tf.reduce_max(x, -1) + 200.0}
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("shift", list(SHIFTS))
+def test_two_hot_stats_of_batched_logits_and_their_gradients(shift, compiled):
+    """The expected bin (matvecs with the bins) and the log-normaliser equal numpy's, and so do
+    their gradients, for every shift."""
     bins = math_ops.two_hot_bins()
     logits = tf.random.normal([2, 3, 255], seed=4) * 3.0
-    p = np.exp(logits.numpy() - logits.numpy().max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    p = _numpy_softmax(logits.numpy())
     expected = (p * bins.numpy()).sum(-1)
     reference = np.sign(expected) * np.expm1(np.abs(expected))
+    lse_ref = np.log(np.exp(logits.numpy()).sum(-1))
+    d_lse_weight = np.linspace(0.5, 2.0, 6).reshape(2, 3).astype(np.float32)
+
+    def run(logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            given = None if SHIFTS[shift] is None else SHIFTS[shift](logits)
+            mean, lse = math_ops.two_hot_stats(logits, bins, given)
+            both = tf.reduce_sum(mean) + tf.reduce_sum(d_lse_weight * lse)
+        return mean, lse, tape.gradient(both, logits)
+
+    mean, lse, grad = (tf.function(run, jit_compile=True) if compiled else run)(logits)
+    assert mean.shape == (2, 3) and lse.shape == (2, 3)
+    np.testing.assert_allclose(mean.numpy(), reference, rtol=1e-4)
+    np.testing.assert_allclose(lse.numpy(), lse_ref, rtol=1e-5)
+    # d mean / d logits = p * (bins - expected) * symexp'(expected), d lse / d logits = p
+    d_ref = (p * (bins.numpy() - expected[..., None]) * np.exp(np.abs(expected))[..., None]
+             + p * d_lse_weight[..., None])
+    np.testing.assert_allclose(grad.numpy(), d_ref, rtol=1e-3, atol=1e-5)
+
+
+def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
+    """Weighted cross-entropies towards two two-hot labels equal the dense formula
+    `-sum(labels * log_softmax)`, and so does the gradient `S * softmax - labels`."""
+    bins = math_ops.two_hot_bins()
+    logits = tf.random.normal([4, 255], seed=5) * 2.0
+    targets = [tf.constant([0.5, -3.0, 1e9, 0.0]), tf.constant([2.0, 7.5, -40.0, -1e9])]
+    weights = [1.0, 0.3]
+    labels = sum(w * math_ops.two_hot(math_ops.symlog(t), bins).numpy()
+                 for t, w in zip(targets, weights))
+    log_softmax = np.log(_numpy_softmax(logits.numpy()))
     with tf.GradientTape() as tape:
         tape.watch(logits)
-        if of_log_probs:
-            mean = math_ops.two_hot_mean_of_log_probs(tf.nn.log_softmax(logits), bins)
-        else:
-            mean = math_ops.two_hot_mean(logits, bins)
-    assert mean.shape == (2, 3)
-    np.testing.assert_allclose(mean.numpy(), reference, rtol=1e-4)
-    # d expected / d logits = p * (bins - expected), times symexp' = exp(|expected|)
-    d_ref = p * (bins.numpy() - expected[..., None]) * np.exp(np.abs(expected))[..., None]
-    np.testing.assert_allclose(tape.gradient(mean, logits).numpy(), d_ref, rtol=1e-3, atol=1e-5)
+        _, lse = math_ops.two_hot_stats(logits, bins, tf.reduce_mean(logits, -1))
+        ce = math_ops.two_hot_cross_entropy(logits, lse, targets, weights, bins)
+        total = tf.reduce_sum(ce * tf.constant([1.0, 2.0, 0.0, -1.0]))
+    np.testing.assert_allclose(ce.numpy(), -(labels * log_softmax).sum(-1), rtol=1e-5)
+    d_ref = (np.array([1.0, 2.0, 0.0, -1.0])[:, None]
+             * (sum(weights) * np.exp(log_softmax) - labels))
+    np.testing.assert_allclose(tape.gradient(total, logits).numpy(), d_ref, rtol=1e-4,
+                               atol=1e-6)
 
 
 def test_two_hot_loss_is_cross_entropy():

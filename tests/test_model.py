@@ -389,9 +389,13 @@ def test_latent_class_heads_give_the_dense_losses_and_gradients(discrete, monkey
 
     ours = losses_and_grads()
     head, step = WorldModel.head, WorldModel.sequence_step
-    monkeypatch.setattr(WorldModel, "head", lambda self, mlp, h, z_index, z=None: mlp(
-        tf.concat([h, tf.reshape(tf.one_hot(z_index, self.size.num_classes),
-                                 [*z_index.shape[:-1], self.stoch_dim]) if z is None else z], -1)))
+    def dense_head(self, mlp, h, z_index, z=None, with_mean=False):
+        feat = tf.concat([h, tf.reshape(tf.one_hot(z_index, self.size.num_classes),
+                                        [*z_index.shape[:-1], self.stoch_dim])
+                          if z is None else z], -1)
+        return mlp.with_mean_output(feat) if with_mean else mlp(feat)
+
+    monkeypatch.setattr(WorldModel, "head", dense_head)
     monkeypatch.setattr(WorldModel, "sequence_step",
                         lambda self, h, z, action, z_index=None: step(self, h, z, action))
     dense = losses_and_grads()

@@ -121,6 +121,24 @@ def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatena
         mlp.first_layer_part(a, 5)  # 5 features where the kernel's rows 5:12 need 7
 
 
+def test_mlp_with_mean_output_gives_the_output_and_its_mean_without_gradient():
+    """`with_mean_output`: the MLP's output and the mean of its units (from the output layer's
+    input and the kernel's row means); gradients flow through the output only."""
+    tf.random.set_seed(0)
+    mlp = MLP(6, 8, 1, out_units=5)
+    mlp.out.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25, 3.0]))
+    x = tf.random.normal([2, 3, 6], seed=3)
+    with tf.GradientTape(persistent=True) as tape:
+        out, mean = mlp.with_mean_output(x)
+        loss = tf.reduce_sum(tf.sin(out))
+    np.testing.assert_allclose(out.numpy(), mlp(x).numpy(), rtol=1e-6)
+    assert mean.shape == (2, 3)
+    np.testing.assert_allclose(mean.numpy(), tf.reduce_mean(out, -1).numpy(), rtol=1e-5,
+                               atol=1e-6)
+    assert all(g is None for g in tape.gradient(mean, mlp.trainable_variables))
+    assert all(g is not None for g in tape.gradient(loss, mlp.trainable_variables))
+
+
 @pytest.mark.parametrize("shape", [(5, 7), (2, 3, 7)])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
