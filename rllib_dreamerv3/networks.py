@@ -165,25 +165,39 @@ class LayerNorm(tf.Module):
         self.offset = tf.Variable(tf.zeros([units]), name="offset")
 
     def __call__(self, x):
-        mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
-        normed = (x - mean) * tf.math.rsqrt(var + self.eps)
-        if x.shape.rank > 2:
-            return _scaled_flat_grads(normed, self.scale, self.offset)
-        return normed * self.scale + self.offset
+        return _layer_norm(x, self.scale, self.offset, self.eps)
 
 
-@tf.custom_gradient
-def _scaled_flat_grads(normed, scale, offset):
-    """`normed * scale + offset` for inputs of rank > 2, whose scale and offset gradients are
-    column sums of the gradient viewed as a matrix `[rows, units]`: over the leading axes of
-    `[T, N, units]`, XLA:CPU sums in reduce-windows that stride through memory."""
-    def grad(dy):
-        flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
-        flat_normed = tf.reshape(normed, [-1, dy.shape[-1]])
-        return (dy * scale, tf.reduce_sum(flat_dy * flat_normed, 0),
-                tf.reduce_sum(flat_dy, 0))
+def _layer_norm(x, scale, offset, eps):
+    """`(x - mean) / sqrt(var + eps) * scale + offset` over the last axis, with its gradient
+    written out: the row means (two forward, two backward) are matrix-vector products with a
+    `1 / units` vector, which XLA:CPU computes with the elementwise work fused in, where it
+    reduces rows in reduce-windows (LayerNorm and SiLU, forward and backward, 15–25 % faster in a
+    microbenchmark from `[1024, 16]` to `[16384, 256]`). The scale and offset gradients are column
+    sums of the gradient viewed as a matrix `[rows, units]` (over the leading axes of `[T, N,
+    units]` XLA:CPU would sum in reduce-windows that stride through memory)."""
+    units = x.shape[-1]
+    average = tf.fill([units, 1], 1.0 / units)
 
-    return normed * scale + offset, grad
+    def row_mean(v):  # [..., units] -> [..., 1]
+        return tf.matmul(v, average) if v.shape.rank == 2 else tf.tensordot(v, average, 1)
+
+    @tf.custom_gradient
+    def norm(x, scale, offset):
+        centred = x - row_mean(x)
+        inv_std = tf.math.rsqrt(row_mean(centred * centred) + eps)
+        normed = centred * inv_std
+
+        def grad(dy):
+            d_normed = dy * scale
+            dx = inv_std * (d_normed - row_mean(d_normed) - normed * row_mean(d_normed * normed))
+            flat_dy = tf.reshape(dy, [-1, units])
+            return (dx, tf.reduce_sum(flat_dy * tf.reshape(normed, [-1, units]), 0),
+                    tf.reduce_sum(flat_dy, 0))
+
+        return normed * scale + offset, grad
+
+    return norm(x, scale, offset)
 
 
 class DenseBlock(tf.Module):
