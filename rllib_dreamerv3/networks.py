@@ -367,6 +367,9 @@ class MLP(tf.Module):
         `[...]`, without gradient, for the price of a matrix-vector product of the output
         layer's input with the kernel's row means (a cheap shift for
         :func:`~rllib_dreamerv3.math_ops.two_hot_stats`)."""
+        if self.out is None:
+            raise ValueError("MLP.with_mean_output needs an output layer; this MLP was built "
+                             "without `out_units`.")
         for i, block in enumerate(self.blocks):
             x = block(x, rest if i == 0 else None)
         out = self.out

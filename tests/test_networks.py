@@ -141,6 +141,8 @@ def test_mlp_with_mean_output_gives_the_output_and_its_mean_without_gradient():
                                atol=1e-6)
     assert all(g is None for g in tape.gradient(mean, mlp.trainable_variables))
     assert all(g is not None for g in tape.gradient(loss, mlp.trainable_variables))
+    with pytest.raises(ValueError, match="out_units"):
+        MLP(6, 8, 1).with_mean_output(x)
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (2, 3, 7)])
