@@ -118,6 +118,9 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
     for two targets) instead of summed over all bins; its gradient is the labels themselves, made
     in the elementwise pass that XLA fuses with :func:`two_hot_stats`'s.
     """
+    if len(targets) != len(weights) or not targets:
+        raise ValueError(f"two_hot_cross_entropy: {len(targets)} targets and {len(weights)} "
+                         "weights; give one weight per target (at least one).")
     logits = tf.convert_to_tensor(logits, tf.float32)
     num_bins = logits.shape[-1]
     flat = tf.reshape(logits, [-1, num_bins])

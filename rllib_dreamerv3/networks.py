@@ -171,9 +171,9 @@ class LayerNorm(tf.Module):
 def _layer_norm(x, scale, offset, eps):
     """`(x - mean) / sqrt(var + eps) * scale + offset` over the last axis, with its gradient
     written out: the row means (two forward, two backward) are matrix-vector products with a
-    `1 / units` vector, which XLA:CPU computes with the elementwise work fused in, where it
-    reduces rows in reduce-windows (LayerNorm and SiLU, forward and backward, 15–25 % faster in a
-    microbenchmark from `[1024, 16]` to `[16384, 256]`). The scale and offset gradients are column
+    `1 / units` vector, into which XLA:CPU fuses the elementwise work (a reduction along the last
+    axis it splits into reduce-windows, unvectorised): LayerNorm and SiLU, forward and backward,
+    15–25 % faster in a microbenchmark from `[1024, 16]` to `[16384, 256]`. The scale and offset gradients are column
     sums of the gradient viewed as a matrix `[rows, units]` (over the leading axes of `[T, N,
     units]` XLA:CPU would sum in reduce-windows that stride through memory)."""
     units = x.shape[-1]
@@ -358,9 +358,13 @@ class MLP(tf.Module):
     def __call__(self, x, rest=None):
         """`rest`: as in :meth:`DenseBlock.__call__`, for the first layer (`x` then holds only the
         first input features)."""
+        x = self._hidden(x, rest)
+        return self.out(x) if self.out is not None else x
+
+    def _hidden(self, x, rest):
         for i, block in enumerate(self.blocks):
             x = block(x, rest if i == 0 else None)
-        return self.out(x) if self.out is not None else x
+        return x
 
     def with_mean_output(self, x, rest=None):
         """`(self(x, rest), mean)`: the output `[..., out_units]` and the mean of its units
@@ -370,8 +374,7 @@ class MLP(tf.Module):
         if self.out is None:
             raise ValueError("MLP.with_mean_output needs an output layer; this MLP was built "
                              "without `out_units`.")
-        for i, block in enumerate(self.blocks):
-            x = block(x, rest if i == 0 else None)
+        x = self._hidden(x, rest)
         out = self.out
         mean = tf.tensordot(tf.stop_gradient(x), tf.stop_gradient(tf.reduce_mean(out.w, 1)), 1)
         if out.b is not None:

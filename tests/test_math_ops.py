@@ -121,6 +121,8 @@ def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
              * (sum(weights) * np.exp(log_softmax) - labels))
     np.testing.assert_allclose(tape.gradient(total, logits).numpy(), d_ref, rtol=1e-4,
                                atol=1e-6)
+    with pytest.raises(ValueError, match="one weight per target"):
+        math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
 
 
 def test_two_hot_loss_is_cross_entropy():
