@@ -50,8 +50,11 @@ def two_hot(y, bins):
     is far cheaper than a search over the bins. Weights are proportional to closeness; a value on
     a bin is one-hot (up to float rounding); values outside the bins' range clip to the end bins.
     """
-    below, weight_above = two_hot_parts(y, bins)
-    num_bins = bins.shape[0]
+    return _two_hot_of_parts(*two_hot_parts(y, bins), bins.shape[0])
+
+
+def _two_hot_of_parts(below, weight_above, num_bins):
+    """The dense `[..., num_bins]` two-hot weights of :func:`two_hot_parts`' output."""
     return (tf.one_hot(below, num_bins) * (1.0 - weight_above)[..., None]
             + tf.one_hot(below + 1, num_bins) * weight_above[..., None])
 
@@ -77,12 +80,12 @@ def two_hot_stats(logits, bins, shift=None):
     logits = tf.convert_to_tensor(logits, tf.float32)
     num_bins = logits.shape[-1]
     flat = tf.reshape(logits, [-1, num_bins])
-    sums = tf.stack([tf.ones([num_bins]), bins], 1)  # [bins, 2]: the total and the bin-weighted
+    ones, bin_values = tf.ones([num_bins, 1]), tf.reshape(bins, [num_bins, 1])
 
     def normaliser_and_expected(shift):
         e = tf.exp(flat - shift)
-        total = tf.matmul(e, sums[:, :1])
-        weighted = tf.matmul(e, sums[:, 1:])
+        total = tf.matmul(e, ones)
+        weighted = tf.matmul(e, bin_values)
         return shift + tf.math.log(total), weighted / total
 
     @tf.custom_gradient
@@ -135,11 +138,8 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
             out += weight * ((1.0 - above) * pair[:, 0] + above * pair[:, 1])
 
         def grad(dy):
-            bin_index = tf.range(num_bins)[None]
-            labels = 0.0
-            for (below, above), weight in zip(parts, weights):
-                labels += weight * (tf.where(bin_index == below[:, None], 1.0 - above[:, None], 0.0)
-                                    + tf.where(bin_index == below[:, None] + 1, above[:, None], 0.0))
+            labels = tf.add_n([weight * _two_hot_of_parts(below, above, num_bins)
+                               for (below, above), weight in zip(parts, weights)])
             return dy[:, None] * labels
 
         return out, grad

@@ -173,9 +173,10 @@ def _layer_norm(x, scale, offset, eps):
     written out: the row means (two forward, two backward) are matrix-vector products with a
     `1 / units` vector, into which XLA:CPU fuses the elementwise work (a reduction along the last
     axis it splits into reduce-windows, unvectorised): LayerNorm and SiLU, forward and backward,
-    15–25 % faster in a microbenchmark from `[1024, 16]` to `[16384, 256]`. The scale and offset gradients are column
-    sums of the gradient viewed as a matrix `[rows, units]` (over the leading axes of `[T, N,
-    units]` XLA:CPU would sum in reduce-windows that stride through memory)."""
+    15–25 % faster in a microbenchmark from `[1024, 16]` to `[16384, 256]`. The scale and offset
+    gradients are column sums of the gradient viewed as a matrix `[rows, units]` (over the
+    leading axes of `[T, N, units]` XLA:CPU would sum in reduce-windows that stride through
+    memory)."""
     units = x.shape[-1]
     average = tf.fill([units, 1], 1.0 / units)
 
