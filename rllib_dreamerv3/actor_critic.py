@@ -64,13 +64,15 @@ class Critic(tf.Module):
 
     def __init__(self, feat_dim, size, num_bins=255, name=None):
         super().__init__(name=name)
+        # `mlp`'s output has masked columns beyond the bins (math_ops.two_hot_masked_columns).
         self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=num_bins,
-                       zero_init_out=True)
+                       zero_init_out=True, masked_out=math_ops.two_hot_masked_columns(num_bins))
         self.bins = math_ops.two_hot_bins(num_bins)
 
     def __call__(self, feat):
         """Logits `[..., num_bins]`."""
-        return self.mlp(feat)
+        return self.mlp(feat)[..., :self.bins.shape[0]]
 
     def value(self, feat):
-        return math_ops.two_hot_mean(self(feat), self.bins)
+        """The value in real space, `[...]`."""
+        return math_ops.two_hot_mean(self.mlp(feat), self.bins)

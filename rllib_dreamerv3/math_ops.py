@@ -26,6 +26,22 @@ def two_hot_bins(num_bins=255, low=-20.0, high=20.0):
     return tf.linspace(tf.constant(low, tf.float32), tf.constant(high, tf.float32), num_bins)
 
 
+def two_hot_masked_columns(num_bins, multiple=16):
+    """How many masked columns (:class:`~rllib_dreamerv3.networks.Dense`'s `masked_out`) round a
+    head of `num_bins` logits up to a multiple of `multiple` (1 for 255 bins). The two-hot
+    functions below take such padded logits with the unpadded `bins`."""
+    return -num_bins % multiple
+
+
+def _padded_bins(bins, width):
+    """`bins` followed by zeros up to the logits' `width` (masked columns have probability 0)."""
+    num_bins = bins.shape[0]
+    if width is None or width < num_bins:
+        raise ValueError(f"two-hot logits have {width} columns for {num_bins} bins; they need "
+                         "one per bin (plus masked columns, see two_hot_masked_columns).")
+    return bins if width == num_bins else tf.concat([bins, tf.zeros([width - num_bins])], 0)
+
+
 def two_hot_parts(y, bins):
     """The two-hot encoding of `y` ([...], already in bin space) as `(below, weight_above)`:
     the index `[...]` int32 of the lower of its two bins and the weight `[...]` of the upper one
@@ -72,15 +88,17 @@ def two_hot_stats(logits, bins, shift=None):
     its own, and XLA:CPU reduces rows of 255 bins slowly; the row's mean logit, which
     `MLP.with_mean_output` gets from the output layer's input for the price of a matrix-vector
     product, is the fast one. Rows are checked: if any overflowed, all are recomputed with the
-    maximum. The sums over the bins are matrix-vector products (XLA:CPU computes them with the
+    maximum. `logits` may have more columns than `bins`: trailing masked logits
+    (`networks.MASKED_LOGIT`, probability 0) that pad a head to an aligned width. The sums over the bins are matrix-vector products (XLA:CPU computes them with the
     exponentials fused in), and the gradient `softmax * (d_lse + d_mean' * (bins - expected))` is
     one elementwise pass: for the critic at size nano this costs ~25 % less than a log-softmax
     and its gradient (microbenchmark, 16384 x 255 logits).
     """
     logits = tf.convert_to_tensor(logits, tf.float32)
-    num_bins = logits.shape[-1]
-    flat = tf.reshape(logits, [-1, num_bins])
-    ones, bin_values = tf.ones([num_bins, 1]), tf.reshape(bins, [num_bins, 1])
+    width = logits.shape[-1]
+    bins = _padded_bins(bins, width)
+    flat = tf.reshape(logits, [-1, width])
+    ones, bin_values = tf.ones([width, 1]), tf.reshape(bins, [width, 1])
 
     def normaliser_and_expected(shift):
         e = tf.exp(flat - shift)
@@ -119,13 +137,15 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
     reaches the logits through it too). `targets`: real-space labels `[...]` (no gradient reaches
     them). Each label has two non-zero bins, so `sum(labels * logits)` is gathered (4 entries a row
     for two targets) instead of summed over all bins; its gradient is the labels themselves, made
-    in the elementwise pass that XLA fuses with :func:`two_hot_stats`'s.
+    in the elementwise pass that XLA fuses with :func:`two_hot_stats`'s. `logits` may have
+    trailing masked columns, as in :func:`two_hot_stats`.
     """
     if len(targets) != len(weights) or not targets:
         raise ValueError(f"two_hot_cross_entropy: {len(targets)} targets and {len(weights)} "
                          "weights; give one weight per target (at least one).")
     logits = tf.convert_to_tensor(logits, tf.float32)
     num_bins = logits.shape[-1]
+    _padded_bins(bins, num_bins)  # checks the width
     flat = tf.reshape(logits, [-1, num_bins])
     parts = [two_hot_parts(symlog(tf.reshape(tf.stop_gradient(t), [-1])), bins) for t in targets]
     weights = [tf.cast(w, tf.float32) for w in weights]

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3.networks import MASKED_LOGIT
 
 
 def test_symlog_symexp_values_and_inverse():
@@ -123,6 +124,35 @@ def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
                                atol=1e-6)
     with pytest.raises(ValueError, match="one weight per target"):
         math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_two_hot_functions_take_logits_with_masked_columns(compiled):
+    """Logits padded with masked columns (a head rounded up to 256 columns) give the unpadded
+    logits' mean, normaliser, cross-entropy and gradients, and no gradient in the masked columns;
+    logits narrower than the bins are an error."""
+    bins = math_ops.two_hot_bins()
+    assert math_ops.two_hot_masked_columns(255) == 1 and math_ops.two_hot_masked_columns(32) == 0
+    logits = tf.random.normal([6, 255], seed=6) * 2.0
+    padded = tf.concat([logits, tf.fill([6, 1], MASKED_LOGIT)], -1)
+    targets = [tf.constant([0.5, -3.0, 1e9, 0.0, 2.0, -7.0])]
+
+    def run(logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            mean, lse = math_ops.two_hot_stats(logits, bins, tf.reduce_mean(logits[:, :255], -1))
+            ce = math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
+            total = tf.reduce_sum(ce) + tf.reduce_sum(tf.sin(mean))
+        return mean, lse, ce, tape.gradient(total, logits)
+
+    run = tf.function(run, jit_compile=True) if compiled else run
+    ours, reference = run(padded), run(logits)
+    for a, b in zip(ours[:3], reference[:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(ours[3][:, :255], reference[3], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ours[3][:, 255], 0.0)
+    with pytest.raises(ValueError, match="254 columns for 255 bins"):
+        math_ops.two_hot_stats(logits[:, :254], bins)
 
 
 def test_two_hot_loss_is_cross_entropy():

@@ -10,7 +10,7 @@ from rllib_dreamerv3 import losses, random_ops, world_model
 from rllib_dreamerv3.config import HYPERPARAMETERS
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
-from rllib_dreamerv3.networks import set_matmul_dtype
+from rllib_dreamerv3.networks import MASKED_LOGIT, set_matmul_dtype
 from rllib_dreamerv3.tf_rllib import make_adam
 from rllib_dreamerv3.update import batch_signature, make_update_fn
 
@@ -69,7 +69,11 @@ def test_output_shapes_for_every_size(size):
     feat = tf.concat([h, z], -1)
     wm = model.world_model
     assert wm.decoder(feat).shape == (n, 5)
-    assert wm.reward_head(feat).shape == (n, 255)
+    # The two-hot heads' networks round 255 bins up to 256 columns, the last one masked.
+    reward_logits = wm.reward_head(feat)
+    assert reward_logits.shape == (n, 256)
+    np.testing.assert_array_equal(reward_logits[:, 255], np.float32(MASKED_LOGIT))
+    assert model.critic.mlp(feat).shape == (n, 256)
     assert wm.continue_logit(feat).shape == (n,)
     assert model.critic(feat).shape == (n, 255)
 

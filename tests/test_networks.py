@@ -166,6 +166,33 @@ def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_dense_masked_columns_are_constant_and_leave_values_and_gradients_alone(dtype):
+    """`masked_out` appends constant MASKED_LOGIT columns (folded kernel in float32, concatenated
+    after the matmul in bfloat16): the other columns, and the gradients of a loss on them, are
+    the plain layer's; the masked columns pass no gradient; no extra variables."""
+    plain, masked = networks.Dense(7, 5), networks.Dense(7, 5, masked_out=3)
+    masked.w.assign(plain.w)
+    plain.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25, 3.0]))
+    masked.b.assign(plain.b)
+    plain.matmul_dtype = masked.matmul_dtype = dtype
+    x = tf.random.normal([2, 4, 7], seed=3)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        ours, reference = masked(x), plain(x)
+        # A softmax over the padded width equals the plain one on the real columns.
+        loss_ours = tf.reduce_sum(tf.sin(ours[..., :5]) + tf.nn.softmax(ours)[..., :5])
+        loss_ref = tf.reduce_sum(tf.sin(reference) + tf.nn.softmax(reference))
+    assert ours.shape == (2, 4, 8) and len(masked.trainable_variables) == 2
+    np.testing.assert_array_equal(ours[..., 5:], np.float32(networks.MASKED_LOGIT))
+    np.testing.assert_allclose(ours[..., :5], reference, rtol=1e-6, atol=1e-6)
+    for a, b in zip(tape.gradient(loss_ours, [x, masked.w, masked.b]),
+                    tape.gradient(loss_ref, [x, plain.w, plain.b])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="masked_out=2 needs bias=True"):
+        networks.Dense(7, 5, bias=False, masked_out=2)
+
+
 def test_a_dense_layer_read_once_for_a_loop_keeps_its_bias_apart():
     """Inside `variables_read_once` a folded kernel would be a new tensor every step, which the
     loop's gradient stores once per step (a `[steps, in + 1, out]` stack); values and gradients
