@@ -43,6 +43,7 @@ class DreamerV3Learner(TfLearner):
             action_dim(module.action_space), cfg.batch_size_B, cfg.batch_length_T)
         self._update_fn = make_update_fn(module.model, optimizers, cfg, self._signature,
                                          jit_compile=cfg.jit_compile)
+        self._update_call = None  # its concrete function, traced on the first update
         self._seed_rng = np.random.default_rng(cfg.seed)
         self._dream_fn = None  # built on the first `dreams` call: no cost when dreams are off
 
@@ -81,7 +82,11 @@ class DreamerV3Learner(TfLearner):
 
     def _update(self, batch, **kwargs):
         inputs, seed = self._inputs(batch[DEFAULT_MODULE_ID])
-        metrics = self._update_fn(inputs, seed)
+        if self._update_call is None:
+            self._update_call = self._update_fn.get_concrete_function()
+        # The concrete function skips `tf.function`'s per-call argument binding and trace-cache
+        # lookup (~0.7 ms, 2 % of a nano update); the signature is fixed, so it is the one trace.
+        metrics = self._update_call(inputs, seed)
         self.metrics.log_dict(metrics, key=DEFAULT_MODULE_ID, window=1)
         # 1 from the first update on; more would mean re-tracing (and re-compiling).
         self.metrics.log_value((DEFAULT_MODULE_ID, "num_update_traces"), self.num_traces,
