@@ -88,11 +88,13 @@ def two_hot_stats(logits, bins, shift=None):
     its own, and XLA:CPU reduces rows of 255 bins slowly; the row's mean logit, which
     `MLP.with_mean_output` gets from the output layer's input for the price of a matrix-vector
     product, is the fast one. Rows are checked: if any overflowed, all are recomputed with the
-    maximum. `logits` may have more columns than `bins`: trailing masked logits
-    (`networks.MASKED_LOGIT`, probability 0) that pad a head to an aligned width. The sums over the bins are matrix-vector products (XLA:CPU computes them with the
+    maximum. The sums over the bins are matrix-vector products (XLA:CPU computes them with the
     exponentials fused in), and the gradient `softmax * (d_lse + d_mean' * (bins - expected))` is
     one elementwise pass: for the critic at size nano this costs ~25 % less than a log-softmax
     and its gradient (microbenchmark, 16384 x 255 logits).
+
+    `logits` may have more columns than `bins`: trailing masked logits
+    (`networks.MASKED_LOGIT`, probability 0) that pad a head to an aligned width.
     """
     logits = tf.convert_to_tensor(logits, tf.float32)
     width = logits.shape[-1]
