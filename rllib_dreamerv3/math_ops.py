@@ -33,12 +33,17 @@ def two_hot_masked_columns(num_bins, multiple=16):
     return -num_bins % multiple
 
 
+def _check_width(bins, width):
+    """Raise unless logits of `width` columns have one per bin (plus masked columns)."""
+    if width is None or width < bins.shape[0]:
+        raise ValueError(f"two-hot logits have {width} columns for {bins.shape[0]} bins; they "
+                         "need one per bin (plus masked columns, see two_hot_masked_columns).")
+
+
 def _padded_bins(bins, width):
     """`bins` followed by zeros up to the logits' `width` (masked columns have probability 0)."""
+    _check_width(bins, width)
     num_bins = bins.shape[0]
-    if width is None or width < num_bins:
-        raise ValueError(f"two-hot logits have {width} columns for {num_bins} bins; they need "
-                         "one per bin (plus masked columns, see two_hot_masked_columns).")
     return bins if width == num_bins else tf.concat([bins, tf.zeros([width - num_bins])], 0)
 
 
@@ -147,7 +152,7 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
                          "weights; give one weight per target (at least one).")
     logits = tf.convert_to_tensor(logits, tf.float32)
     num_bins = logits.shape[-1]
-    _padded_bins(bins, num_bins)  # checks the width
+    _check_width(bins, num_bins)
     flat = tf.reshape(logits, [-1, num_bins])
     parts = [two_hot_parts(symlog(tf.reshape(tf.stop_gradient(t), [-1])), bins) for t in targets]
     weights = [tf.cast(w, tf.float32) for w in weights]

@@ -53,8 +53,8 @@ class Dense(tf.Module):
     `masked_out`: that many constant :data:`MASKED_LOGIT` columns appended to the output (needs
     the bias), so a softmax head's width can be rounded up to a multiple of the SIMD width: the
     two-hot heads' 255 bins are computed as 256 columns, which XLA:CPU multiplies ~20 % faster
-    and then reads in aligned rows (see :func:`~rllib_dreamerv3.math_ops.two_hot_stats`, which
-    takes such logits). They are part of the kernel (a zero column, `MASKED_LOGIT` in the bias
+    (a critic head's forward and backward at 16384 rows: 7.5 → 6.4 ms at nano's width;
+    :func:`~rllib_dreamerv3.math_ops.two_hot_stats` takes such logits). They are part of the kernel (a zero column, `MASKED_LOGIT` in the bias
     row), not variables: checkpoints and the gradients keep the `out_units` columns.
     """
 
