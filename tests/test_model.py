@@ -261,6 +261,25 @@ def test_world_model_loss_terms_at_init():
     assert h.shape == (T, B, 16) and z.shape == (T, B, 16)
 
 
+def test_other_bin_counts_pad_their_heads_with_masked_columns_that_take_no_probability():
+    """41 bins: the heads' networks are 48 wide (7 masked columns); the zero-initialised reward
+    head is uniform over the 41 bins only (log 41, not log 48), and one compiled update runs."""
+    tf.random.set_seed(0)
+    model = DreamerV3Model(3, 2, True, get_model_size("nano"), num_bins=41)
+    feat = tf.random.normal([5, model.world_model.feat_dim])
+    assert model.critic(feat).shape == (5, 41) and model.critic.mlp(feat).shape == (5, 48)
+    assert model.world_model.reward_head(feat).shape == (5, 48)
+    _, metrics, _ = losses.world_model_loss(
+        model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
+    np.testing.assert_allclose(metrics["L_reward"], np.log(41.0), rtol=1e-5)
+    optimizers = {name: make_adam(1e-3, 1e-8, part.trainable_variables) for name, part in
+                  [("world_model", model.world_model), ("actor", model.actor),
+                   ("critic", model.critic)]}
+    update = make_update_fn(model, optimizers, hparams(), batch_signature((3,), tf.float32, 2, B, T))
+    metrics = update(make_batch(), tf.constant([0, 1]))
+    assert all(np.isfinite(value.numpy()).all() for value in metrics.values())
+
+
 def test_updates_on_a_fixed_batch_lower_the_world_model_loss():
     model, optimizers = build()
     sig = batch_signature((3,), tf.float32, 2, B, T)
