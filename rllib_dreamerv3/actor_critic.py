@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from rllib_dreamerv3 import math_ops, random_ops
-from rllib_dreamerv3.networks import MLP
+from rllib_dreamerv3.networks import MLP, two_hot_head
 
 
 class Actor(tf.Module):
@@ -64,9 +64,7 @@ class Critic(tf.Module):
 
     def __init__(self, feat_dim, size, num_bins=255, name=None):
         super().__init__(name=name)
-        # `mlp`'s output has masked columns beyond the bins (math_ops.two_hot_masked_columns).
-        self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=num_bins,
-                       zero_init_out=True, masked_out=math_ops.two_hot_masked_columns(num_bins))
+        self.mlp = two_hot_head(feat_dim, size, num_bins)  # masked columns beyond the bins
         self.bins = math_ops.two_hot_bins(num_bins)
 
     def __call__(self, feat):

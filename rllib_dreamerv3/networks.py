@@ -11,6 +11,8 @@ import math
 import tensorflow as tf
 from tensorflow.python.ops import list_ops  # TensorList ops (no public API; TF is pinned)
 
+from rllib_dreamerv3 import math_ops
+
 
 def _glorot_uniform(shape):
     """Glorot-uniform init of a dense `[in, out]` or conv `[k, k, in, out]` kernel."""
@@ -54,8 +56,9 @@ class Dense(tf.Module):
     the bias), so a softmax head's width can be rounded up to a multiple of the SIMD width: the
     two-hot heads' 255 bins are computed as 256 columns, which XLA:CPU multiplies ~20 % faster
     (a critic head's forward and backward at 16384 rows: 7.5 → 6.4 ms at nano's width;
-    :func:`~rllib_dreamerv3.math_ops.two_hot_stats` takes such logits). They are part of the kernel (a zero column, `MASKED_LOGIT` in the bias
-    row), not variables: checkpoints and the gradients keep the `out_units` columns.
+    :func:`~rllib_dreamerv3.math_ops.two_hot_stats` takes such logits). They are part of the
+    kernel (a zero column, `MASKED_LOGIT` in the bias row), not variables: checkpoints and the
+    gradients keep the `out_units` columns.
     """
 
     matmul_dtype = tf.float32  # see `set_matmul_dtype`
@@ -401,8 +404,8 @@ class MLP(tf.Module):
         return x
 
     def with_mean_output(self, x, rest=None):
-        """`(self(x, rest), mean)`: the output `[..., out_units]` and the mean of its units
-        `[...]`, without gradient, for the price of a matrix-vector product of the output
+        """`(self(x, rest), mean)`: the output `[..., out_units (+ masked_out)]` and the mean of
+        its `out_units` units `[...]`, without gradient, for the price of a matrix-vector product of the output
         layer's input with the kernel's row means (a cheap shift for
         :func:`~rllib_dreamerv3.math_ops.two_hot_stats`)."""
         if self.out is None:
@@ -424,6 +427,14 @@ class MLP(tf.Module):
         """:meth:`first_layer_part` of one-hot features given by their class indices (see
         :meth:`Dense.onehot_partial`)."""
         return self.blocks[0].dense.onehot_partial(index, start, num_classes, onehot)
+
+
+def two_hot_head(in_units, size, num_bins):
+    """The MLP of a two-hot head (reward, critic): `size`'s hidden layers and a zero-initialised
+    output layer of `num_bins` logits, rounded up by masked columns
+    (:func:`~rllib_dreamerv3.math_ops.two_hot_masked_columns`; its output is that wide)."""
+    return MLP(in_units, size.dense_units, size.mlp_layers, out_units=num_bins,
+               zero_init_out=True, masked_out=math_ops.two_hot_masked_columns(num_bins))
 
 
 class GRUCell(tf.Module):

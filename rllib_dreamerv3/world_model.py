@@ -48,9 +48,7 @@ class WorldModel(tf.Module):
         self.prior_net = MLP(size.gru_units, size.dense_units, 1, out_units=self.stoch_dim)
         self.posterior_net = MLP(size.gru_units + self.encoder.out_units, size.dense_units, 1,
                                  out_units=self.stoch_dim)
-        self.reward_head = MLP(self.feat_dim, size.dense_units, size.mlp_layers,  # masked: Critic
-                               out_units=num_bins, zero_init_out=True,
-                               masked_out=math_ops.two_hot_masked_columns(num_bins))
+        self.reward_head = networks.two_hot_head(self.feat_dim, size, num_bins)
         self.continue_head = MLP(self.feat_dim, size.dense_units, size.mlp_layers, out_units=1)
         self.bins = math_ops.two_hot_bins(num_bins)
 
