@@ -160,7 +160,8 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     critic_logits, critic_mean = (
         wm.head(critic.mlp, h, z_index, with_mean=True) if actor.discrete
         else wm.head(critic.mlp, h_grad, z_index, z_grad, with_mean=True))  # [H + 1, N, bins]
-    value, log_normalizer = math_ops.two_hot_stats(critic_logits, critic.bins, critic_mean)
+    value, log_normalizer = math_ops.two_hot_stats(critic_logits, critic.bins, critic_mean,
+                                                   keep_exp=True)
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
 
