@@ -22,10 +22,15 @@ Ours is also timed as the bare compiled update function, whose matmul and convol
 counted from XLA's optimized HLO (`benchmarks/flops.py`); dividing gives the achieved GFLOP/s,
 compared with the fp32 matmul peak of this machine measured at start-up (an XLA-compiled
 N×N matmul, `--peak-size`). Getting the HLO compiles the update once more (`--no-flops` skips
-it). The first line is the peak, then one JSON line per setting, printed as soon as it is
+it). RLlib's FLOPs for the same update are counted too, by `torch.utils.flop_counter` over one
+more update after its timing (`their_flops`): it multiplies the one-hot latents and actions into
+dense matmuls, where ours sums kernel rows, so it counts more (XS vector, 2026-12-05: 143.9 vs
+62.9 GFLOP). `their_flops_per_our_s` divides that count by our seconds: the GFLOP/s a dense
+implementation would need to run as fast as ours (a figure of merit, not a hardware rate;
+`..._of_peak` compares it with the peak). The first line is the peak, then one JSON line per setting, printed as soon as it is
 measured: `ours_s` / `theirs_s` (Learner.update medians), `ratio` (ours / theirs), `speedup`
 (theirs / ours), `ours_fn_s` (bare update), `flops`, `gflops`, `peak_gflops`,
-`fraction_of_peak`, `*_first_call_s` (tracing + compiling), `traces` (1: never re-traced),
+`fraction_of_peak`, `their_flops`, `their_flops_per_our_s` (and `_of_peak`), `*_first_call_s` (tracing + compiling), `traces` (1: never re-traced),
 `loadavg_1m` (other processes skew timings: run on a quiet machine).
 """
 
@@ -219,14 +224,24 @@ def measure_theirs(size, obs_space, action_space, batches, args):
                         actor_lr=ours.actor_lr, critic_lr=ours.critic_lr)
               .learners(num_learners=0))
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
-    first_call, times, calls = time_learner_updates(
-        learner, [as_multi_agent(their_batch(b)) for b in batches], args.their_updates)
+    their_batches = [as_multi_agent(their_batch(b)) for b in batches]
+    first_call, times, calls = time_learner_updates(learner, their_batches, args.their_updates)
+    result = {"theirs_s": median(times), "theirs_min_s": round(min(times), 4),
+              "theirs_first_call_s": round(first_call, 2),
+              "torch_threads": torch.get_num_threads()}
+    if not args.no_flops:  # one more update, under torch's FLOP counter (after the timing)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            learner.update(batch=their_batches[0],
+                           timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls})
+        calls += 1
+        result["their_flops"] = int(counter.get_total_flops())
     optimizer = learner.get_optimizer(DEFAULT_MODULE_ID, "world_model")
     steps = int(optimizer.state[optimizer.param_groups[0]["params"][0]]["step"])
     if steps != calls:
         raise RuntimeError(f"RLlib: {calls} update calls made {steps} optimizer steps")
-    return {"theirs_s": median(times), "theirs_min_s": round(min(times), 4),
-            "theirs_first_call_s": round(first_call, 2), "torch_threads": torch.get_num_threads()}
+    return result
 
 
 def median(times):
@@ -266,6 +281,11 @@ def measure(size, inputs, actions, peak, args):
         row["gflops"] = round(row["flops"] / row["ours_fn_s"] / 1e9, 2)
         row["peak_gflops"] = round(peak, 2)
         row["fraction_of_peak"] = round(row["gflops"] / peak, 4)
+    if row.get("their_flops") and row.get("ours_fn_s"):
+        # RLlib's FLOP count of the same update (one-hot inputs as dense matmuls) over our
+        # seconds: the speed a dense implementation would need to match ours.
+        row["their_flops_per_our_s"] = round(row["their_flops"] / row["ours_fn_s"] / 1e9, 2)
+        row["their_flops_per_our_s_of_peak"] = round(row["their_flops_per_our_s"] / peak, 4)
     print(json.dumps(row), flush=True)
     return not failed
 
@@ -297,7 +317,8 @@ def parse_args(argv=None):
                         help="discrete actions, or continuous action dimensions")
     parser.add_argument("--no-torch", dest="torch", action="store_false",
                         help="skip RLlib's torch DreamerV3")
-    parser.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
+    parser.add_argument("--no-flops", action="store_true",
+                        help="skip the FLOP counts (ours and RLlib's)")
     parser.add_argument("--no-jit", action="store_true", help="ours without XLA (no FLOPs)")
     parser.add_argument("--peak-size", type=int, help="N of the N×N peak matmul")
     parser.add_argument("--torch-threads", type=int,
