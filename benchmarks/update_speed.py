@@ -27,10 +27,11 @@ more update after its timing (`their_flops`): it multiplies the one-hot latents 
 dense matmuls, where ours sums kernel rows, so it counts more (XS vector, 2026-12-05: 143.9 vs
 62.9 GFLOP). `their_flops_per_our_s` divides that count by our seconds: the GFLOP/s a dense
 implementation would need to run as fast as ours (a figure of merit, not a hardware rate;
-`..._of_peak` compares it with the peak). The first line is the peak, then one JSON line per setting, printed as soon as it is
-measured: `ours_s` / `theirs_s` (Learner.update medians), `ratio` (ours / theirs), `speedup`
-(theirs / ours), `ours_fn_s` (bare update), `flops`, `gflops`, `peak_gflops`,
-`fraction_of_peak`, `their_flops`, `their_flops_per_our_s` (and `_of_peak`), `*_first_call_s` (tracing + compiling), `traces` (1: never re-traced),
+`..._of_peak` compares it with the peak). The first line is the peak, then one JSON line per
+setting, printed as soon as it is measured: `ours_s` / `theirs_s` (Learner.update medians),
+`ratio` (ours / theirs), `speedup` (theirs / ours), `ours_fn_s` (bare update), `flops`,
+`gflops`, `peak_gflops`, `fraction_of_peak`, `their_flops`, `their_flops_per_our_s` (and
+`_of_peak`), `*_first_call_s` (tracing + compiling), `traces` (1: never re-traced),
 `loadavg_1m` (other processes skew timings: run on a quiet machine).
 """
 

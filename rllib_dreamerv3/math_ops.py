@@ -101,8 +101,8 @@ def two_hot_stats(logits, bins, shift=None, keep_exp=False):
     `keep_exp`: keep the forward pass's exponentials for the gradient, which then scales them
     (`softmax = exp(logits - shift) / sum`) instead of exponentiating the logits again: one
     buffer of the logits' size is written in the forward pass and one exponential pass saved in
-    the backward. For a head that is differentiated: the critic's at size nano, 0.0319 → 0.0304 s
-    per update (8/10 rounds, `benchmarks/ab_update.py`); a head without gradient would only pay
+    the backward. For a head that is differentiated: the critic's at size nano, 0.0364 → 0.0339 s
+    per update (9/10 rounds, `benchmarks/ab_update.py`); a head without gradient would only pay
     for the buffer.
 
     `logits` may have more columns than `bins`: trailing masked logits
