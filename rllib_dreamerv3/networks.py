@@ -405,8 +405,8 @@ class MLP(tf.Module):
 
     def with_mean_output(self, x, rest=None):
         """`(self(x, rest), mean)`: the output `[..., out_units (+ masked_out)]` and the mean of
-        its `out_units` units `[...]`, without gradient, for the price of a matrix-vector product of the output
-        layer's input with the kernel's row means (a cheap shift for
+        its `out_units` units `[...]`, without gradient, for the price of a matrix-vector product
+        of the output layer's input with the kernel's row means (a cheap shift for
         :func:`~rllib_dreamerv3.math_ops.two_hot_stats`)."""
         if self.out is None:
             raise ValueError("MLP.with_mean_output needs an output layer; this MLP was built "

@@ -275,7 +275,8 @@ def test_other_bin_counts_pad_their_heads_with_masked_columns_that_take_no_proba
     optimizers = {name: make_adam(1e-3, 1e-8, part.trainable_variables) for name, part in
                   [("world_model", model.world_model), ("actor", model.actor),
                    ("critic", model.critic)]}
-    update = make_update_fn(model, optimizers, hparams(), batch_signature((3,), tf.float32, 2, B, T))
+    update = make_update_fn(model, optimizers, hparams(),
+                            batch_signature((3,), tf.float32, 2, B, T))
     metrics = update(make_batch(), tf.constant([0, 1]))
     assert all(np.isfinite(value.numpy()).all() for value in metrics.values())
 
