@@ -1,5 +1,7 @@
 """`DreamerV3Config`: every hyperparameter of SPEC §4–6, with the paper's defaults, validated."""
 
+import difflib
+import inspect
 import numbers
 import os
 
@@ -53,6 +55,13 @@ HYPERPARAMETERS = {
     "jit_compile": (True, "compile the update and the policy with XLA"),
     "tf_num_threads": (None, "cap TF's thread pools per process (None: TF's default in the "
                        "driver and Learner; num_cpus_per_env_runner in remote EnvRunners)"),
+    "nonfinite_env_data": (
+        "raise", "what EnvRunners do with a NaN/inf observation or reward: 'raise' an error "
+        "naming the env, step and key, or 'skip' the step (its episode ends there, the env is "
+        "reset; counted in num_nonfinite_env_steps_skipped)"),
+    "max_skipped_updates_in_a_row": (
+        10, "updates in a row whose steps were skipped for non-finite losses or gradients "
+        "before training stops with an error (0: never)"),
     "overlap_policy_and_envs": (
         "auto", "EnvRunners step half their envs while the policy acts for the other half "
         "(True/False; 'auto': on for image observations with >= 2 envs per runner)"),
@@ -64,7 +73,8 @@ _POSITIVE_FLOATS = ("world_model_lr", "actor_lr", "critic_lr", "world_model_adam
                     "actor_adam_eps", "critic_adam_eps", "world_model_grad_clip",
                     "actor_grad_clip", "critic_grad_clip", "actor_max_std")
 PRECISIONS = ("float32", "bfloat16")
-_NON_NEGATIVE_INTS = ("dream_every_n_updates",)
+_NON_NEGATIVE_INTS = ("dream_every_n_updates", "max_skipped_updates_in_a_row")
+NONFINITE_ENV_DATA = ("raise", "skip")
 _NON_NEGATIVE = ("entropy_scale", "free_bits", "pred_loss_scale", "dyn_loss_scale",
                  "rep_loss_scale", "critic_ema_regularizer", "actor_min_std",
                  "num_steps_sampled_before_learning_starts")
@@ -75,6 +85,28 @@ _UNIT_INTERVAL = {  # name -> (low, high, low inclusive, high inclusive)
     "critic_ema_rate": (0.0, 1.0, False, True),
     "unimix": (0.0, 1.0, True, False),
 }
+
+
+def _unknown_training_key(kwargs, rllib_training):
+    """None, or the TypeError for the first keyword in `kwargs` that `training()` would reject.
+
+    Known keywords are DreamerV3's (`HYPERPARAMETERS`) and the parameters of `rllib_training`
+    (the bound `AlgorithmConfig.training`); the error names the closest of them.
+    """
+    params = inspect.signature(rllib_training).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None  # this RLlib takes any keyword
+    known = [*HYPERPARAMETERS, *params]
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            return TypeError(
+                f"DreamerV3Config.training() got an unexpected keyword argument {name!r}.{hint} "
+                "Valid keys are DreamerV3's hyperparameters (HYPERPARAMETERS in "
+                "rllib_dreamerv3/config.py) and the arguments of AlgorithmConfig.training "
+                "(e.g. gamma, grad_clip).")
+    return None
 
 
 class DreamerV3Config(AlgorithmConfig):
@@ -118,7 +150,11 @@ class DreamerV3Config(AlgorithmConfig):
         meaning), e.g. `model_size`, `training_ratio`, `batch_size_B`, `batch_length_T`,
         `world_model_lr`, `actor_lr`, `critic_lr`, `replay_capacity`,
         `dream_every_n_updates`. Any other key goes to `AlgorithmConfig.training` (e.g. `gamma`).
+        An unknown key raises a TypeError naming the closest valid one, before anything is set.
         """
+        error = _unknown_training_key(kwargs, super().training)
+        if error is not None:
+            raise error
         for name in list(kwargs):
             if name in HYPERPARAMETERS:
                 setattr(self, name, kwargs.pop(name))
@@ -176,6 +212,9 @@ class DreamerV3Config(AlgorithmConfig):
             self._value_error("overlap_policy_and_envs=True needs num_envs_per_env_runner >= 2 "
                               f"(got {self.num_envs_per_env_runner}): it splits each runner's "
                               "envs into two groups.")
+        if self.nonfinite_env_data not in NONFINITE_ENV_DATA:
+            self._value_error(f"nonfinite_env_data={self.nonfinite_env_data!r} must be one of "
+                              f"{NONFINITE_ENV_DATA}.")
         if self.precision not in PRECISIONS:
             self._value_error(f"precision={self.precision!r} must be one of {PRECISIONS}.")
         if (not isinstance(self.batch_length_T, numbers.Integral)

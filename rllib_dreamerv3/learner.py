@@ -9,6 +9,9 @@ from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
 from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
 
+SKIPPED_METRICS = ("skipped_world_model", "skipped_critic", "skipped_actor")
+NUM_SKIPPED_UPDATES_LIFETIME = "num_skipped_updates_lifetime"
+
 
 class DreamerV3Learner(TfLearner):
     """Learner running DreamerV3's update (:func:`~rllib_dreamerv3.update.make_update_fn`).
@@ -17,6 +20,11 @@ class DreamerV3Learner(TfLearner):
     `is_first`, `is_terminal`. Each `update` call performs exactly one DreamerV3 update
     (world model, critic and actor steps, critic EMA) in one XLA-compiled function whose input
     shapes are fixed, so it traces once. Its metrics are logged under the module id.
+
+    A step whose loss or gradients are not finite is skipped (the weights stay as they were):
+    each update reports `skipped_world_model`, `skipped_critic`, `skipped_actor` and the
+    lifetime count `num_skipped_updates_lifetime`; `max_skipped_updates_in_a_row` such
+    updates in a row raise a `FloatingPointError`.
     """
 
     def configure_optimizers_for_module(self, module_id, config=None):
@@ -46,6 +54,8 @@ class DreamerV3Learner(TfLearner):
         self._update_call = None  # its concrete function, traced on the first update
         self._seed_rng = np.random.default_rng(cfg.seed)
         self._dream_fn = None  # built on the first `dreams` call: no cost when dreams are off
+        self._skipped_in_a_row = 0  # consecutive updates with a skipped step
+        self._skipped_total = 0
 
     @property
     def num_traces(self):
@@ -88,6 +98,7 @@ class DreamerV3Learner(TfLearner):
         # lookup (~1 ms of a 36 ms Learner.update at nano); the signature is fixed, so it is the
         # one trace.
         metrics = self._update_call(inputs, seed)
+        self._count_skipped_steps(metrics)
         self.metrics.log_dict(metrics, key=DEFAULT_MODULE_ID, window=1)
         # 1 from the first update on; more would mean re-tracing (and re-compiling).
         self.metrics.log_value((DEFAULT_MODULE_ID, "num_update_traces"), self.num_traces,
@@ -95,15 +106,39 @@ class DreamerV3Learner(TfLearner):
         loss = metrics["L_world_model"] + metrics["L_actor"] + metrics["L_critic"]
         return {}, {DEFAULT_MODULE_ID: loss}, {}
 
+    def _count_skipped_steps(self, metrics):
+        """Count updates whose steps were skipped for non-finite losses or gradients (the
+        weights stay as they were); raise once `max_skipped_updates_in_a_row` came in a row."""
+        skipped = [name for name in SKIPPED_METRICS if float(metrics[name]) > 0.0]
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
+        self._skipped_total += bool(skipped)
+        self.metrics.log_value((DEFAULT_MODULE_ID, NUM_SKIPPED_UPDATES_LIFETIME),
+                               self._skipped_total, window=1)
+        limit = self.config.max_skipped_updates_in_a_row
+        if limit and self._skipped_in_a_row >= limit:
+            losses = {name: float(metrics[name]) for name in ("L_world_model", "L_actor",
+                                                              "L_critic")}
+            raise FloatingPointError(
+                f"{self._skipped_in_a_row} DreamerV3 updates in a row had non-finite losses or "
+                f"gradients (last one: {losses}; skipped steps: {skipped}). Their steps were "
+                "skipped, so the weights are still those of the last finite update. Usual "
+                "causes: NaN/inf observations or rewards from the env (EnvRunners reject them "
+                "unless nonfinite_env_data='skip'), or learning rates too high for this env. "
+                "Restore the last checkpoint and fix the cause, or raise "
+                "max_skipped_updates_in_a_row (0: never stop).")
+
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         raise NotImplementedError("DreamerV3Learner computes its losses inside `_update`.")
 
     def get_state(self, *args, **kwargs):
         state = super().get_state(*args, **kwargs)
         state["seed_rng"] = self._seed_rng.bit_generator.state
+        state["skipped_updates"] = (self._skipped_in_a_row, self._skipped_total)
         return state
 
     def set_state(self, state):
         super().set_state(state)
         if "seed_rng" in state:
             self._seed_rng.bit_generator.state = state["seed_rng"]
+        if "skipped_updates" in state:
+            self._skipped_in_a_row, self._skipped_total = state["skipped_updates"]

@@ -60,7 +60,10 @@ def two_hot_parts(y, bins):
     # Distance to the lower bin's centre, not `position - below`: keeps the weight's rounding
     # error at the bins' own (~1e-5 of a bin) rather than that of a position up to 254.
     weight_above = tf.clip_by_value((y - (low + below * step)) / step, 0.0, 1.0)
-    return tf.cast(below, tf.int32), weight_above
+    # A NaN `y` gives a NaN `below`, whose integer cast is undefined: clipping the index keeps
+    # gathers in range (TF's CPU gather raises outside it), and the NaN still reaches the
+    # loss through `weight_above`.
+    return tf.clip_by_value(tf.cast(below, tf.int32), 0, num_bins - 2), weight_above
 
 
 def two_hot(y, bins):

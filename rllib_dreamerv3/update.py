@@ -9,10 +9,23 @@ WORLD_MODEL, ACTOR, CRITIC = "world_model", "actor", "critic"
 
 
 def _step(optimizer, tape, loss, variables, clip):
+    """One optimizer step on `loss`, clipped to global norm `clip`; skipped unless finite.
+
+    A NaN or inf in the loss or in any gradient (the global norm is then non-finite) leaves
+    the variables and the optimizer's state (moments, step count) as they were, so one bad
+    batch cannot turn the weights into NaN. Returns `(global norm, 1.0 if skipped else 0.0)`.
+    """
     grads = tape.gradient(loss, variables)
-    grads, norm = tf.clip_by_global_norm(grads, clip)
-    optimizer.apply_gradients(zip(grads, variables))
-    return norm
+    norm = tf.linalg.global_norm(grads)
+    finite = tf.math.is_finite(norm) & tf.math.is_finite(loss)
+    grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=norm)
+
+    def apply():
+        optimizer.apply_gradients(zip(grads, variables))
+        return tf.constant(0.0)
+
+    skipped = tf.cond(finite, apply, lambda: tf.constant(1.0))
+    return norm, skipped
 
 
 def batch_signature(obs_shape, obs_dtype, action_dim, batch_size, batch_length):
@@ -38,7 +51,9 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
         jit_compile: compile with XLA (else a plain graph function).
 
     Returns:
-        A `tf.function`; its input signature fixes all shapes, so it never re-traces.
+        A `tf.function`; its input signature fixes all shapes, so it never re-traces. Its
+        metrics include `skipped_world_model`, `skipped_critic` and `skipped_actor`: 1.0 where
+        that step was skipped because its loss or gradients were not finite (see `_step`).
     """
     wm_vars = model.world_model.trainable_variables
     actor_vars = model.actor.trainable_variables
@@ -51,7 +66,7 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
         with tf.GradientTape() as tape:
             wm_loss, metrics, (h, z) = losses.world_model_loss(
                 model, batch, seeds[:batch_length], hp)
-        metrics["grad_norm_world_model"] = _step(
+        metrics["grad_norm_world_model"], metrics["skipped_world_model"] = _step(
             optimizers[WORLD_MODEL], tape, wm_loss, wm_vars, hp.world_model_grad_clip)
 
         start_h = tf.stop_gradient(tf.reshape(h, [batch_size * batch_length, -1]))
@@ -63,12 +78,16 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
             actor_loss, critic_loss, scale, ac_metrics = losses.actor_critic_losses(
                 model, imagined, start_cont, hp)
         metrics.update(ac_metrics)
-        metrics["grad_norm_critic"] = _step(
+        metrics["grad_norm_critic"], metrics["skipped_critic"] = _step(
             optimizers[CRITIC], critic_tape, critic_loss, critic_vars, hp.critic_grad_clip)
-        metrics["grad_norm_actor"] = _step(
+        metrics["grad_norm_actor"], metrics["skipped_actor"] = _step(
             optimizers[ACTOR], actor_tape, actor_loss, actor_vars, hp.actor_grad_clip)
-        model.return_scale.assign(scale)
-        model.update_critic_ema(hp.critic_ema_rate)
+        # The return scale is an EMA: a non-finite one would stay non-finite.
+        model.return_scale.assign(
+            tf.where(tf.math.is_finite(scale), scale, model.return_scale))
+        # The slow critic follows the critic only when the critic stepped.
+        tf.cond(metrics["skipped_critic"] > 0.0, lambda: None,
+                lambda: model.update_critic_ema(hp.critic_ema_rate))
         return metrics
 
     return tf.function(update, jit_compile=jit_compile, autograph=False,
