@@ -10,8 +10,15 @@ With `overlap_policy_and_envs` (on by default for image observations and >= 2 en
 form two groups: while the compiled policy computes one group's actions on a worker thread (TF
 releases the GIL), the main thread steps the other group's envs. Every env still acts on its
 latest observation; only the grouping of policy calls (and so the random draws) differs.
+
+Every observation and reward is checked against the observation space (shape, dtype) and for
+NaN/inf (`nonfinite_env_data`). A sub-env that raises is replaced when
+`restart_failed_sub_environments` is set; otherwise the error propagates, and since that call's
+steps are lost, the next `sample()` starts every env's episode anew, so that no replay stream
+continues across the gap.
 """
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,6 +43,9 @@ from rllib_dreamerv3.spaces import (action_dim, is_discrete, is_image, obs_stora
 from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
 
 WEIGHTS_SEQ_NO = "weights_seq_no"
+NUM_NONFINITE_ENV_STEPS_SKIPPED = "num_nonfinite_env_steps_skipped"
+NUM_SUB_ENV_RESTARTS = "num_sub_env_restarts"
+logger = logging.getLogger(__name__)
 
 
 def make_env(config, worker_index=0, vector_index=0):
@@ -172,7 +182,62 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         obs, _ = self.envs[i].reset(seed=None if self.config.seed is None else
                                     int(self._rng.integers(2**31)))
         self._returns[i], self._lengths[i] = 0.0, 0
+        obs, _ = self._checked(i, obs, 0.0, "reset()", allow_skip=False)
         return {"obs": obs, "rewards": 0.0, "is_first": True, "is_terminal": False}
+
+    def _env_name(self, i):
+        env = self.config.env
+        return (f"env {getattr(env, '__name__', env)!r} (EnvRunner {self.worker_index}, "
+                f"sub-env {i})")
+
+    def _checked(self, i, obs, reward, source, allow_skip=True):
+        """`(obs, reward)` as arrays if they fit the observation space and are finite.
+
+        A wrong shape or dtype raises. A NaN/inf raises, or with `nonfinite_env_data='skip'`
+        (and `allow_skip`) returns None: the caller drops the step.
+        """
+        space = self.module.observation_space
+        obs = np.asarray(obs)
+        if obs.shape != space.shape or not np.can_cast(obs.dtype, self._obs_dtype, "same_kind"):
+            raise ValueError(
+                f"{self._env_name(i)} returned an observation of shape {obs.shape} and dtype "
+                f"{obs.dtype} at {source}, but its observation_space {space} declares shape "
+                f"{space.shape} and dtype {space.dtype}. Make the env return observations of "
+                "its declared space (or wrap it, e.g. with gymnasium.wrappers."
+                "FlattenObservation or DtypeObservation).")
+        try:
+            reward = float(reward)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self._env_name(i)} returned the reward {reward!r} at {source}; "
+                             "rewards must be scalar numbers.") from None
+        bad = ("reward" if not np.isfinite(reward) else
+               "obs" if obs.dtype.kind == "f" and not np.isfinite(obs).all() else None)
+        if bad is None:
+            return obs, reward
+        detail = (f"reward={reward}" if bad == "reward" else
+                  f"obs has {int(np.sum(~np.isfinite(obs)))} NaN/inf entries, the first at "
+                  f"index {np.argwhere(~np.isfinite(obs))[0].tolist()}")
+        if allow_skip and self.config.nonfinite_env_data == "skip":
+            return None
+        raise ValueError(
+            f"{self._env_name(i)} returned a non-finite {bad!r} at {source} ({detail}). "
+            "DreamerV3 would learn NaN weights "
+            "from it. Fix the env, clean its output with a gymnasium wrapper (e.g. "
+            "TransformObservation with np.nan_to_num), or set nonfinite_env_data='skip' to "
+            "drop such steps (the episode then ends there).")
+
+    def _restart_env(self, i, err):
+        """`restart_failed_sub_environments`: replace sub-env `i` after it raised `err`; its
+        episode is abandoned and the next step starts a new one (`is_first`)."""
+        logger.warning("%s raised %r; restarting it (restart_failed_sub_environments=True).",
+                       self._env_name(i), err)
+        try:
+            self.envs[i].close()
+        except Exception:  # a broken env may fail to close; it is replaced either way
+            logger.debug("Closing the failed %s raised.", self._env_name(i), exc_info=True)
+        self.envs[i] = make_env(self.config, self.worker_index, i)
+        self.metrics.log_value(NUM_SUB_ENV_RESTARTS, 1, reduce="lifetime_sum")
+        return self._reset_env(i)
 
     def _start(self):
         space = self.module.action_space
@@ -180,6 +245,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._action_dim = action_dim(space)
         self._returns = np.zeros(self.num_envs)
         self._lengths = np.zeros(self.num_envs, np.int64)
+        self._obs_dtype = obs_storage_dtype(self.module.observation_space)
         self._pending = [self._reset_env(i) for i in range(self.num_envs)]
         self._state = {k: np.repeat(v[None], self.num_envs, 0)
                        for k, v in self.module.get_initial_state().items()}
@@ -223,7 +289,21 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         ended = 0
         for i, env_action, model_action in zip(envs, env_actions, model_actions):
             records[i].append({**self._pending[i], "actions": model_action})
-            obs, reward, terminated, truncated, _ = self.envs[i].step(env_action)
+            try:
+                obs, reward, terminated, truncated, _ = self.envs[i].step(env_action)
+            except Exception as err:
+                if not self.config.restart_failed_sub_environments:
+                    raise
+                self._pending[i] = self._restart_env(i, err)
+                continue
+            checked = self._checked(i, obs, reward, f"step {self._lengths[i] + 1} of its "
+                                    f"episode (action {env_action!r})")
+            if checked is None:  # nonfinite_env_data='skip': the episode ends before this step
+                self.metrics.log_value(NUM_NONFINITE_ENV_STEPS_SKIPPED, 1,
+                                       reduce="lifetime_sum")
+                self._pending[i] = self._reset_env(i)
+                continue
+            obs, reward = checked
             self._returns[i] += reward
             self._lengths[i] += 1
             if terminated or truncated:
@@ -267,10 +347,16 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
             return (episodes_done < num_episodes if num_episodes is not None
                     else steps_done < steps_per_env)
 
-        if random_actions or not self.overlaps_policy_and_envs:
-            steps_done = self._sample_in_lockstep(explore, random_actions, records, more)
-        else:
-            steps_done = self._sample_overlapped(explore, records, more)
+        try:
+            if random_actions or not self.overlaps_policy_and_envs:
+                steps_done = self._sample_in_lockstep(explore, random_actions, records, more)
+            else:
+                steps_done = self._sample_overlapped(explore, records, more)
+        except BaseException:
+            # This call's steps are lost with the exception: the next call restarts every env
+            # (`is_first`), so no replay stream joins its stored steps to steps after the gap.
+            self._pending = None
+            raise
         num_steps = steps_done * self.num_envs
         self.num_env_steps_sampled_lifetime += num_steps
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
