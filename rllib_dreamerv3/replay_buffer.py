@@ -157,12 +157,30 @@ class ReplayBuffer:
             "added": self._added, "rng": self._rng.bit_generator.state,
         }
 
-    def set_state(self, state):
-        """Restore from :meth:`get_state` (capacities must match)."""
+    @property
+    def spec(self):
+        """`{capacity, obs_shape, obs_dtype, action_dim}`: what a restored state must match."""
+        return {"capacity": self.capacity, "obs_shape": list(self._data["obs"].shape[1:]),
+                "obs_dtype": self._data["obs"].dtype.name,
+                "action_dim": int(self._data["actions"].shape[1])}
+
+    def check_state(self, state):
+        """Raise a ValueError if :meth:`set_state` could not take `state` (changes nothing)."""
         if len(state["stream"]) != self.capacity:
             raise ValueError(
                 f"Replay state has capacity {len(state['stream'])}, this buffer {self.capacity}; "
                 "restore with the same replay_capacity.")
+        for key in FIELDS:
+            stored, own = np.asarray(state["data"][key]), self._data[key]
+            if stored.shape[1:] != own.shape[1:] or stored.dtype != own.dtype:
+                raise ValueError(
+                    f"Replay state's {key!r} are {stored.dtype}{list(stored.shape[1:])}, this "
+                    f"buffer's {own.dtype}{list(own.shape[1:])}: the state comes from another "
+                    "env or action space.")
+
+    def set_state(self, state):
+        """Restore from :meth:`get_state` (capacities must match)."""
+        self.check_state(state)
         size = state["size"]
         for key in FIELDS:
             self._data[key][:size] = state["data"][key][:size]
