@@ -9,17 +9,47 @@ import tensorflow as tf
 from rllib_dreamerv3 import math_ops
 from rllib_dreamerv3.networks import MASKED_LOGIT
 
+# Float32 error budget. The two-hot sums run over 255 bins in an order that depends on the
+# machine (SIMD width, oneDNN's and XLA's kernels): tolerances must hold for any order, so they
+# use the worst-case bound of a float32 sum of n terms, n·eps·sum(|terms|) (eps = 2**-24, the
+# unit roundoff), never a margin that merely passed once. Reference values are float64.
+EPS32 = 2.0 ** -24
+NUM_BINS, MAX_BIN = 255, 20.0
+# log(sum(exp)): the sum's relative error n·eps is the log's absolute error (≈ 1.5e-5).
+LSE_ATOL = NUM_BINS * EPS32
+# expected = sum(p·bins) / sum(p), |bins| ≤ 20: n·eps·20 for the numerator, n·eps·|expected| ≤
+# n·eps·20 from the denominator: ≈ 6.1e-4 in symlog space. symexp multiplies an error there by
+# exp|expected| = 1 + |mean|: real-space means get rtol = atol = EXPECTED_ATOL.
+EXPECTED_ATOL = 2 * NUM_BINS * EPS32 * MAX_BIN
+# p = exp(logit - lse): lse's error, plus the rounding of |logit - lse| < 64 and of exp.
+PROB_RTOL = LSE_ATOL + 64 * EPS32
+
+
+def _normal(shape, seed, scale=1.0):
+    """Float32 N(0, scale²) logits from numpy: the same numbers in any test order (TF's op-seeded
+    ops depend on the global seed and on earlier calls with the same op seed)."""
+    return tf.constant((np.random.default_rng(seed).normal(size=shape) * scale)
+                       .astype(np.float32))
+
+
+def _float64_softmax(logits):
+    x = np.asarray(logits, np.float64)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
 
 def test_symlog_symexp_values_and_inverse():
     x = np.array([-10.0, -1.0, 0.0, 1.0, math.e - 1.0, 1000.0], np.float32)
     expected = np.array([-math.log(11.0), -math.log(2.0), 0.0, math.log(2.0), 1.0,
                          math.log(1001.0)], np.float32)
+    # float32 log1p (a few ulps) and the rounded constants: < 8 ulps = 1e-6 relative.
     np.testing.assert_allclose(math_ops.symlog(x), expected, rtol=1e-6)
+    # expm1 turns symlog's absolute error (a few ulps of 6.9 ≈ 1.5e-6) into a relative one.
     np.testing.assert_allclose(math_ops.symexp(math_ops.symlog(x)), x, rtol=1e-5)
 
 
 def test_two_hot_between_bins_on_bin_and_clipped():
-    bins = tf.constant([-2.0, 0.0, 2.0, 4.0])
+    bins = tf.constant([-2.0, 0.0, 2.0, 4.0])  # exact arithmetic: powers of two, default rtol
     # 0.5 lies a quarter of the way from bin 1 (0.0) to bin 2 (2.0).
     np.testing.assert_allclose(math_ops.two_hot(0.5, bins), [0.0, 0.75, 0.25, 0.0])
     np.testing.assert_allclose(math_ops.two_hot(2.0, bins), [0.0, 0.0, 1.0, 0.0])
@@ -40,13 +70,16 @@ def test_two_hot_matches_a_search_over_the_bins():
     expected = np.zeros([len(y), len(b)])
     expected[np.arange(len(y)), below] += 1.0 - w
     expected[np.arange(len(y)), below + 1] += w
-    np.testing.assert_allclose(math_ops.two_hot(y, bins), expected, atol=2e-5)
+    # Our bin positions (low + k·step) and the float32 bins (ulp 1.9e-6 near ±20) differ by up to
+    # 2 ulps, and so do the widths: ≤ 2·2·1.9e-6 / step (0.157) ≈ 5e-5 of a weight.
+    np.testing.assert_allclose(math_ops.two_hot(y, bins), expected, atol=5e-5)
 
 
 def test_two_hot_bins_match_spec():
     bins = math_ops.two_hot_bins()
     assert bins.shape == (255,)
-    np.testing.assert_allclose([bins[0], bins[127], bins[-1]], [-20.0, 0.0, 20.0], atol=1e-6)
+    # The ends are exact; bins[127] = -20 + 127·step rounds at ulp(20) = 1.9e-6.
+    np.testing.assert_allclose([bins[0], bins[127], bins[-1]], [-20.0, 0.0, 20.0], atol=2e-6)
 
 
 @pytest.mark.parametrize("y", [-300.0, -1.0, 0.0, 0.3, 7.0, 12345.0])
@@ -55,12 +88,15 @@ def test_two_hot_round_trip_through_logits(y):
     bins = math_ops.two_hot_bins()
     weights = math_ops.two_hot(math_ops.symlog(tf.constant(y)), bins)
     logits = tf.math.log(weights + 1e-30)
+    # Two bins carry the mass (the others e^-69 each): the symlog-space error is a few ulps of 20
+    # (bins and weights, ~5e-6), well inside 1e-4 (relative in real space, absolute near 0).
     np.testing.assert_allclose(math_ops.two_hot_mean(logits, bins), y, rtol=1e-4, atol=1e-4)
 
 
-def _numpy_softmax(logits):
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    return p / p.sum(-1, keepdims=True)
+def _per_bin(grad, probs, scale=1.0):
+    """A two-hot gradient, `probs * v - labels`, divided by the bins' (float64) probabilities and
+    a row `scale`: its float32 error is then `v`'s (in bin units), not shrunk by small `probs`."""
+    return np.asarray(grad, np.float64) / (probs * scale)
 
 
 # The shift two_hot_stats subtracts before exponentiating: the default (the row maximum), the
@@ -79,11 +115,11 @@ def test_two_hot_stats_of_batched_logits_and_their_gradients(shift, compiled, ke
     their gradients, for every shift, with the gradient recomputing the exponentials or reusing
     the forward pass's (`keep_exp`; after an overflowing shift, those of the fallback)."""
     bins = math_ops.two_hot_bins()
-    logits = tf.random.normal([2, 3, 255], seed=4) * 3.0
-    p = _numpy_softmax(logits.numpy())
-    expected = (p * bins.numpy()).sum(-1)
+    logits = _normal([2, 3, 255], seed=4, scale=3.0)
+    b, p = bins.numpy().astype(np.float64), _float64_softmax(logits)
+    expected = (p * b).sum(-1)
     reference = np.sign(expected) * np.expm1(np.abs(expected))
-    lse_ref = np.log(np.exp(logits.numpy()).sum(-1))
+    lse_ref = np.log(np.exp(logits.numpy().astype(np.float64)).sum(-1))
     d_lse_weight = np.linspace(0.5, 2.0, 6).reshape(2, 3).astype(np.float32)
 
     def run(logits):
@@ -96,34 +132,41 @@ def test_two_hot_stats_of_batched_logits_and_their_gradients(shift, compiled, ke
 
     mean, lse, grad = (tf.function(run, jit_compile=True) if compiled else run)(logits)
     assert mean.shape == (2, 3) and lse.shape == (2, 3)
-    np.testing.assert_allclose(mean.numpy(), reference, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(lse.numpy(), lse_ref, rtol=1e-5)
-    # d mean / d logits = p * (bins - expected) * symexp'(expected), d lse / d logits = p
-    d_ref = (p * (bins.numpy() - expected[..., None]) * np.exp(np.abs(expected))[..., None]
-             + p * d_lse_weight[..., None])
-    np.testing.assert_allclose(grad.numpy(), d_ref, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(mean.numpy(), reference, rtol=EXPECTED_ATOL, atol=EXPECTED_ATOL)
+    np.testing.assert_allclose(lse.numpy(), lse_ref, rtol=4 * EPS32, atol=LSE_ATOL)
+    # d mean / d logits = p * (bins - expected) * symexp'(expected), d lse / d logits = p. Per bin
+    # and over symexp' = exp|expected|: bins - expected + d_lse_weight / exp|expected|, off by
+    # expected's error, and by it again times |bins - expected| ≤ 40 through exp|expected|.
+    growth = np.exp(np.abs(expected))[..., None]
+    d_ref = p * (b - expected[..., None]) * growth + p * d_lse_weight[..., None]
+    np.testing.assert_allclose(_per_bin(grad, p, growth), _per_bin(d_ref, p, growth),
+                               rtol=PROB_RTOL, atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL)
 
 
 def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
     """Weighted cross-entropies towards two two-hot labels equal the dense formula
     `-sum(labels * log_softmax)`, and so does the gradient `S * softmax - labels`."""
     bins = math_ops.two_hot_bins()
-    logits = tf.random.normal([4, 255], seed=5) * 2.0
+    logits = _normal([4, 255], seed=5, scale=2.0)
     targets = [tf.constant([0.5, -3.0, 1e9, 0.0]), tf.constant([2.0, 7.5, -40.0, -1e9])]
     weights = [1.0, 0.3]
     labels = sum(w * math_ops.two_hot(math_ops.symlog(t), bins).numpy()
                  for t, w in zip(targets, weights))
-    log_softmax = np.log(_numpy_softmax(logits.numpy()))
+    p = _float64_softmax(logits)
+    scale = np.array([1.0, 2.0, 0.0, -1.0])
     with tf.GradientTape() as tape:
         tape.watch(logits)
         _, lse = math_ops.two_hot_stats(logits, bins, tf.reduce_mean(logits, -1))
         ce = math_ops.two_hot_cross_entropy(logits, lse, targets, weights, bins)
-        total = tf.reduce_sum(ce * tf.constant([1.0, 2.0, 0.0, -1.0]))
-    np.testing.assert_allclose(ce.numpy(), -(labels * log_softmax).sum(-1), rtol=1e-5)
-    d_ref = (np.array([1.0, 2.0, 0.0, -1.0])[:, None]
-             * (sum(weights) * np.exp(log_softmax) - labels))
-    np.testing.assert_allclose(tape.gradient(total, logits).numpy(), d_ref, rtol=1e-4,
-                               atol=1e-6)
+        total = tf.reduce_sum(ce * tf.constant(scale, tf.float32))
+    # sum(weights) * lse minus the labels' logits (|logits| < 16, a few roundings each).
+    np.testing.assert_allclose(ce.numpy(), -(labels * np.log(p)).sum(-1), rtol=4 * EPS32,
+                               atol=sum(weights) * (LSE_ATOL + 64 * EPS32))
+    # Per bin: scale * (sum(weights) - labels / p), off by p's relative error times the first
+    # term (the labels are the same float32 numbers).
+    d_ref = scale[:, None] * (sum(weights) * p - labels)
+    np.testing.assert_allclose(_per_bin(tape.gradient(total, logits), p), _per_bin(d_ref, p),
+                               rtol=4 * EPS32, atol=2.0 * sum(weights) * PROB_RTOL)
     with pytest.raises(ValueError, match="one weight per target"):
         math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
 
@@ -135,7 +178,9 @@ def test_two_hot_functions_take_logits_with_masked_columns(compiled):
     logits narrower than the bins are an error."""
     bins = math_ops.two_hot_bins()
     assert math_ops.two_hot_masked_columns(255) == 1 and math_ops.two_hot_masked_columns(32) == 0
-    logits = tf.random.normal([6, 255], seed=6) * 2.0
+    # The last real column, beside the masked one, gets probability (~0.1) that an off-by-one
+    # at the boundary would lose.
+    logits = _normal([6, 255], seed=6, scale=2.0) + tf.one_hot(254, 255) * 4.0
     padded = tf.concat([logits, tf.fill([6, 1], MASKED_LOGIT)], -1)
     targets = [tf.constant([0.5, -3.0, 1e9, 0.0, 2.0, -7.0])]
 
@@ -144,15 +189,25 @@ def test_two_hot_functions_take_logits_with_masked_columns(compiled):
             tape.watch(logits)
             mean, lse = math_ops.two_hot_stats(logits, bins, tf.reduce_mean(logits[:, :255], -1))
             ce = math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
-            total = tf.reduce_sum(ce) + tf.reduce_sum(tf.sin(mean))
+            # symlog(mean): the mean's gradient in symlog space, p * (bins - expected); a
+            # function of the real-space mean (up to e^20) would magnify its rounding.
+            total = tf.reduce_sum(ce) + tf.reduce_sum(math_ops.symlog(mean))
         return mean, lse, ce, tape.gradient(total, logits)
 
     run = tf.function(run, jit_compile=True) if compiled else run
     ours, reference = run(padded), run(logits)
-    for a, b in zip(ours[:3], reference[:3]):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
-    np.testing.assert_allclose(ours[3][:, :255], reference[3], rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(ours[3][:, 255], 0.0)
+    # Both sides are float32 sums over the bins (of different widths, so in different orders):
+    # twice the error bounds. The cross-entropy is lse minus the same gathered logits.
+    np.testing.assert_allclose(ours[0], reference[0], rtol=2 * EXPECTED_ATOL,
+                               atol=2 * EXPECTED_ATOL)
+    for a, b in zip(ours[1:3], reference[1:3]):
+        np.testing.assert_allclose(a, b, rtol=4 * EPS32, atol=2 * LSE_ATOL)
+    # Per bin: 1 - labels / p + (bins - expected) * symlog'(mean) * symexp'(expected); the last
+    # factor is 1 up to twice expected's error, which |bins - expected| ≤ 40 multiplies.
+    p = _float64_softmax(logits)
+    np.testing.assert_allclose(_per_bin(ours[3][:, :255], p), _per_bin(reference[3], p),
+                               rtol=2 * PROB_RTOL, atol=2 * (1 + 4 * MAX_BIN) * EXPECTED_ATOL)
+    np.testing.assert_array_equal(ours[3][:, 255], 0.0)  # exactly: exp(-1e30 - lse) is 0
     with pytest.raises(ValueError, match="254 columns for 255 bins"):
         math_ops.two_hot_stats(logits[:, :254], bins)
 
@@ -176,7 +231,8 @@ def test_straight_through_value_and_gradient():
     with tf.GradientTape() as tape:
         out = math_ops.straight_through(tf.constant([0.0, 1.0]), probs)
         loss = tf.reduce_sum(out * tf.constant([3.0, 5.0]))
-    np.testing.assert_allclose(out, [0.0, 1.0])
+    # sample + p - p rounds: within an ulp of 1 (2**-23 above it is over the default rtol).
+    np.testing.assert_allclose(out, [0.0, 1.0], rtol=1e-6)
     np.testing.assert_allclose(tape.gradient(loss, probs), [3.0, 5.0])
 
 
@@ -228,9 +284,13 @@ def test_lambda_returns_match_reference_loop():
     reward = rng.normal(size=(16, 5)).astype(np.float32)
     cont = (rng.random((16, 5)) > 0.2).astype(np.float32)
     value = rng.normal(size=(16, 5)).astype(np.float32)
-    np.testing.assert_allclose(
-        math_ops.lambda_returns(reward, cont, value, 0.997, 0.95),
-        _reference_lambda_returns(reward, cont, value, 0.997, 0.95), rtol=1e-5, atol=1e-5)
+    reference = _reference_lambda_returns(*(x.astype(np.float64) for x in (reward, cont, value)),
+                                          0.997, 0.95)
+    # float32: ~5 roundings a step of values up to m = max(|R|, |r|, |v|), each step's error
+    # damped by γλ on the way back: ≤ 5·eps·m / (1 - γλ).
+    m = max(np.abs(reference).max(), np.abs(reward).max(), np.abs(value).max())
+    np.testing.assert_allclose(math_ops.lambda_returns(reward, cont, value, 0.997, 0.95),
+                               reference, rtol=0, atol=5 * EPS32 * m / (1 - 0.997 * 0.95))
 
 
 def test_trajectory_weights():
@@ -259,15 +319,19 @@ def test_percentile_matches_numpy(case):
     static = math_ops.percentiles(x, qs)  # static size: the bitwise order-statistic search
     dynamic = tf.function(lambda v: math_ops.percentiles(v, qs), autograph=False,
                           input_signature=[tf.TensorSpec(None, tf.float32)])(x)  # the sort
+    # Order statistics are exact; interpolating between two of one sign (in every case here)
+    # rounds a few times (< 8 ulps = 1e-6 relative); no reduction whose order could vary.
     for got_static, got_dynamic, want in zip(static, dynamic, expected):
         np.testing.assert_allclose(got_static, want, rtol=1e-6)
         np.testing.assert_allclose(got_dynamic, want, rtol=1e-6)
 
 
 def test_percentiles_compiled_with_xla_and_at_infinities():
-    x = _rng.normal(size=(15, 1024)).astype(np.float32)
+    x = np.random.default_rng(2).normal(size=(15, 1024)).astype(np.float32)
     compiled = tf.function(lambda v: math_ops.percentiles(v, [5.0, 95.0]), jit_compile=True)
-    np.testing.assert_allclose(compiled(x), np.percentile(x, [5.0, 95.0]), rtol=1e-6)
+    # As above (the tails: neighbours of one sign): a few roundings, < 1e-6 relative.
+    np.testing.assert_allclose(compiled(x), np.percentile(x.astype(np.float64), [5.0, 95.0]),
+                               rtol=1e-6)
     y = np.array([1.0, np.inf, -np.inf, 0.5], np.float32)  # exact ranks: no 0 * inf = NaN
     assert math_ops.percentile(y, 100.0).numpy() == np.inf
     assert math_ops.percentile(y, 0.0).numpy() == -np.inf

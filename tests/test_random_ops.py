@@ -7,8 +7,11 @@ from rllib_dreamerv3 import random_ops
 
 
 def _draws(seed):
+    # Probabilities that are sums of powers of two: their cumulative sums are exact in any
+    # order, so the sampled indices are too (with 0.1, 0.2, 0.7 the row total could differ by
+    # an ulp between XLA's and TF's matmul, moving a uniform across a class boundary).
     return (random_ops.uniform([1000], seed), random_ops.normal([1000], seed),
-            random_ops.categorical(tf.constant([[0.1, 0.2, 0.7]] * 1000), seed),
+            random_ops.categorical(tf.constant([[0.125, 0.25, 0.625]] * 1000), seed),
             random_ops.split(seed, 3))
 
 
@@ -17,9 +20,10 @@ def test_compiled_and_eager_draw_identical_numbers():
     eager = _draws(seed)
     compiled = tf.function(_draws, jit_compile=True, autograph=False)(seed)
     for i, (a, b) in enumerate(zip(eager, compiled)):
-        if i == 1:  # normals go through log/cos, whose XLA versions differ in the last ulp
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-        else:
+        if i == 1:  # normals go through log/cos, whose XLA versions differ in the last ulps:
+            # ≤ 4 ulps of the radius (≤ 6) and cos's absolute few ulps (≲ 2.4e-7) times it.
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=2e-6)
+        else:  # integer hashing, exact float conversion, exact cumulative sums: bit-identical
             np.testing.assert_array_equal(a, b)
 
 
@@ -33,6 +37,8 @@ def test_seeds_give_different_streams_and_are_reproducible():
 
 
 def test_distributions():
+    # Fixed draws (integer hashing: the same on every machine); the bounds are ≥ 4 standard
+    # errors of the sample statistics wide.
     u = random_ops.uniform([200_000], tf.constant([7, 7])).numpy()
     assert u.min() > 0.0 and u.max() < 1.0
     assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
