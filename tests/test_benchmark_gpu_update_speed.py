@@ -74,11 +74,12 @@ def test_export_writes_a_module_whose_parameters_and_aliases_match_the_update(tm
     # trained one
     float_params = sum(int(np.prod(p["shape"])) for p in params[6:] if p["dtype"] == "float32")
     assert 2 * meta["num_parameters"] < float_params < 3 * meta["num_parameters"]
-    # every variable the update writes is aliased to one output, after the 23 metrics
+    # every variable the update writes is aliased to one output, after the 26 metrics
     aliases = meta["aliases"]
-    assert len(meta["metric_names"]) == 23 and "L_world_model" in meta["metric_names"]
+    assert len(meta["metric_names"]) == 26 and "L_world_model" in meta["metric_names"]
+    assert "skipped_world_model" in meta["metric_names"]
     assert len(aliases) > 100
-    assert sorted(o for o, _ in aliases) == list(range(23, 23 + len(aliases)))
+    assert sorted(o for o, _ in aliases) == list(range(26, 26 + len(aliases)))
     assert all(6 <= p < len(params) for _, p in aliases)
     assert len({p for _, p in aliases}) == len(aliases)
     npz = np.load(tmp_path / f"{name}.npz")

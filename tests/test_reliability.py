@@ -100,9 +100,12 @@ def _assert_get_module_is_trained(algo):
     out = module.forward_inference(batch)
     if learner_module is not None:
         ref = learner_module.forward_inference(batch)
-        np.testing.assert_allclose(out["actions_model"].numpy(), ref["actions_model"].numpy())
+        # Same weights, inputs and compiled program: one-hot greedy actions are equal unless
+        # two logits tie within rounding; the states agree to float32 rounding of |h| <= 1.
+        np.testing.assert_array_equal(out["actions_model"].numpy(),
+                                      ref["actions_model"].numpy())
         np.testing.assert_allclose(out["state_out"]["h"].numpy(),
-                                   ref["state_out"]["h"].numpy(), rtol=1e-6, atol=1e-6)
+                                   ref["state_out"]["h"].numpy(), rtol=0, atol=1e-6)
 
 
 # --- 1. get_module() --------------------------------------------------------------------------
@@ -341,6 +344,7 @@ while True:
     algo.train()
     print("saving", flush=True)
     algo.save_to_path(sys.argv[1])
+    print("saved", flush=True)
 """
 
 
@@ -348,17 +352,23 @@ while True:
 @pytest.mark.usefixtures("ray_session")
 def test_killing_a_real_save_never_restores_a_mix_of_two_saves(tmp_path):
     """20 SIGKILLs of a process that trains and overwrites one checkpoint, each at a random
-    moment after its first save started. Every time, the checkpoint restores, and its counters
-    and its Learner state come from the same save: the world model's Adam step count (its
-    optimizer state) equals the algorithm's update counter (its own state file)."""
+    moment of its second to fourth save (or the training right after it). Every time, the
+    checkpoint restores, and its counters and its Learner state come from the same save: the
+    world model's Adam step count (its optimizer state) equals the algorithm's update counter
+    (its own state file)."""
     path = tmp_path / "ckpt"
     rng = np.random.default_rng(1)
     restored_updates = []
     for _ in range(int(os.environ.get("DREAMER_KILLS", "20"))):
         proc = subprocess.Popen([sys.executable, "-c", _REAL_SAVE_LOOP, str(path)],
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
-        assert proc.stdout.readline().strip() == "saving"
-        time.sleep(float(rng.uniform(0.0, 1.5)))
+        for _ in range(int(rng.integers(2, 5))):  # completed saves, then the one killed
+            line = None
+            while line != "saving":
+                line = proc.stdout.readline()
+                assert line, "the training process ended"  # EOF
+                line = line.strip()
+        time.sleep(float(rng.uniform(0.0, 0.5)))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         if not path.exists() and not any(tmp_path.glob(".ckpt.tmp-*")):
@@ -371,7 +381,9 @@ def test_killing_a_real_save_never_restores_a_mix_of_two_saves(tmp_path):
             restored_updates.append(algo._counters["num_updates"])
         finally:
             algo.stop()
-    assert restored_updates
+    # Some kills hit a save over an existing checkpoint: restores saw more than one update.
+    assert restored_updates and max(restored_updates) > min(restored_updates)
+    print(f"restored after each kill: num_updates {restored_updates}")
 
 
 @pytest.mark.usefixtures("ray_session")
