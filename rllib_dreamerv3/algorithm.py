@@ -219,7 +219,8 @@ class DreamerV3(Algorithm):
         RLlib returns the local EnvRunner's module, to which training only syncs what inference
         needs; this first copies the Learner's full module state into it (critic, decoder and
         heads included), so `forward_inference` on it acts with the trained policy and every
-        network equals the Learner's at the time of the call.
+        network equals the Learner's at the time of the call. Each call copies the weights:
+        keep the returned module for a loop of actions rather than calling this per step.
         """
         module = super().get_module(module_id)
         if module is not None:

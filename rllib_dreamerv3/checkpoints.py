@@ -71,12 +71,13 @@ def read_manifest(directory):
                               "Restore an earlier checkpoint.") from None
 
 
-def verify(directory):
+def verify(directory, prefixes=None):
     """Check every file of the manifest against its size and checksum; returns the manifest.
 
-    Raises `CheckpointError` naming the first missing, truncated or altered file. A directory
-    without a manifest (written by another program or an older version) is restored
-    unverified, with a warning.
+    Raises `CheckpointError` naming the first missing, truncated or altered file. With
+    `prefixes`, only the files whose relative paths start with one of them are checked (e.g.
+    the policy's weights, without the replay buffer). A directory without a manifest (written
+    by another program or an older version) is restored unverified, with a warning.
     """
     directory = pathlib.Path(directory)
     manifest = read_manifest(directory)
@@ -85,6 +86,8 @@ def verify(directory):
                        MANIFEST)
         return None
     for name, expected in manifest["files"].items():
+        if prefixes is not None and not name.startswith(tuple(prefixes)):
+            continue
         file = directory / name
         problem = None
         if not file.is_file():

@@ -26,6 +26,7 @@ from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.tune.utils import flatten_dict
 
+from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
 
@@ -546,6 +547,12 @@ def load_checkpoint_config(path):
     if not os.path.isdir(path):
         raise CliError(f"{path}: is a file; a checkpoint is a directory (checkpoint_NNNNNN).")
     ctor_file = os.path.join(path, "class_and_ctor_args.pkl")
+    checkpoints.recover_interrupted_save(path)
+    try:  # the files evaluation reads: the config and the policy's weights
+        checkpoints.verify(path, prefixes=("class_and_ctor_args.pkl",
+                                           MODULE_STATE_DIR.replace(os.sep, "/")))
+    except checkpoints.CheckpointError as err:
+        raise CliError(str(err)) from None
     if not os.path.isfile(ctor_file) or not os.path.isdir(os.path.join(path, MODULE_STATE_DIR)):
         candidates = _checkpoint_candidates(path)
         hint = (f" Checkpoints below it: {', '.join(candidates[-3:])}." if candidates else

@@ -387,7 +387,7 @@ def test_killing_a_real_save_never_restores_a_mix_of_two_saves(tmp_path):
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path):
+def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path, capsys):
     algo = counting_config().build_algo()
     try:
         algo.train()
@@ -397,7 +397,8 @@ def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path
         algo.save_to_path(str(path))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
         manifest = checkpoints.read_manifest(path)
-        weights = next(name for name in manifest["files"] if "rl_module" in name)
+        weights = next(name for name in manifest["files"]
+                       if name.startswith(cli.MODULE_STATE_DIR.replace(os.sep, "/")))
         data = bytearray((path / weights).read_bytes())
         data[len(data) // 2] ^= 0x01  # one flipped bit
         (path / weights).write_bytes(bytes(data))
@@ -405,6 +406,8 @@ def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path
             DreamerV3.from_checkpoint(str(path))
         with pytest.raises(checkpoints.CheckpointError, match=f"{weights}.*checksum"):
             algo.restore_from_path(str(path))
+        assert cli.main(["evaluate", str(path)]) == 2  # the policy's weights are checked too
+        assert weights in capsys.readouterr().err
         state_file = path / "algorithm_state.pkl"
         state_file.write_bytes(state_file.read_bytes()[:100])  # truncated
         (path / weights).write_bytes(bytes(data[:-1]))
