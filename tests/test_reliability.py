@@ -138,15 +138,20 @@ def test_get_module_holds_the_learners_weights_after_training_and_restore(num_en
 
 
 # --- 2. NaN/inf data ----------------------------------------------------------------------------
-@pytest.mark.parametrize("fault,key", [("bad_obs_at", "obs"), ("bad_reward_at", "reward")])
-def test_env_runner_rejects_non_finite_env_data_naming_env_step_and_key(fault, key):
-    runner = DreamerV3EnvRunner(config=counting_config(**{fault: 7}), worker_index=0)
+def _assert_sampling_raises(error, pattern, **env_config):
+    runner = DreamerV3EnvRunner(config=counting_config(**env_config), worker_index=0)
     try:
-        with pytest.raises(ValueError, match=rf"CountingEnv.*non-finite '{key}'.*step 7 of its episode.*"
-                                             r"nonfinite_env_data='skip'"):
+        with pytest.raises(error, match=pattern):
             runner.sample(num_timesteps=20, random_actions=True)
     finally:
         runner.stop()
+
+
+@pytest.mark.parametrize("fault,key", [("bad_obs_at", "obs"), ("bad_reward_at", "reward")])
+def test_env_runner_rejects_non_finite_env_data_naming_env_step_and_key(fault, key):
+    _assert_sampling_raises(
+        ValueError, rf"CountingEnv.*non-finite '{key}'.*step 7 of its episode.*"
+        r"nonfinite_env_data='skip'", **{fault: 7})
 
 
 def test_env_runner_skips_non_finite_steps_when_asked_and_counts_them():
@@ -497,23 +502,13 @@ def test_restart_failed_sub_environments_replaces_the_env_and_starts_an_episode(
 
 
 def test_without_restarts_a_sub_env_failure_propagates():
-    runner = DreamerV3EnvRunner(config=counting_config(raise_at=5), worker_index=0)
-    try:
-        with pytest.raises(RuntimeError, match="scripted env failure"):
-            runner.sample(num_timesteps=20, random_actions=True)
-    finally:
-        runner.stop()
+    _assert_sampling_raises(RuntimeError, "scripted env failure", raise_at=5)
 
 
 # --- 7. observations that do not fit the space --------------------------------------------------
 def test_observation_of_the_wrong_shape_names_the_env_and_its_space():
-    runner = DreamerV3EnvRunner(config=counting_config(shape_at=3), worker_index=0)
-    try:
-        with pytest.raises(ValueError, match=r"CountingEnv.*shape \(67, 5\).*declares shape "
-                                             r"\(2,\)"):
-            runner.sample(num_timesteps=10, random_actions=True)
-    finally:
-        runner.stop()
+    _assert_sampling_raises(ValueError, r"CountingEnv.*shape \(67, 5\).*declares shape \(2,\)",
+                            shape_at=3)
 
 
 # --- 8. a restore that cannot complete changes nothing ------------------------------------------
