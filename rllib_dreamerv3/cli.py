@@ -118,10 +118,15 @@ def load_experiments(path):
     return experiments
 
 
+def _closest(word, choices, cutoff):
+    """The choice most like `word` (difflib's ratio at least `cutoff`), or None."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def _did_you_mean(word, choices):
-    close = difflib.get_close_matches(str(word), [c for c in choices if not c.startswith("_")],
-                                      n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    close = _closest(str(word), [c for c in choices if not c.startswith("_")], 0.6)
+    return f" Did you mean {close!r}?" if close else ""
 
 
 def known_config_keys():
@@ -180,11 +185,6 @@ def _env_problem(env, err):
                 "(e.g. CartPole-v1), a module.Class path, or register the env in Python first.")
     return (f"env: {env!r} could not be created: {_one_paragraph(err.__cause__)[:500]} Check "
             "the env's name and its env_config.")
-
-
-def _closest(word, choices, cutoff):
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=cutoff)
-    return close[0] if close else None
 
 
 def check_stop(where, stop):
