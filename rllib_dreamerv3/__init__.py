@@ -1,7 +1,8 @@
 """DreamerV3 in TensorFlow 2 as an algorithm plugin for Ray RLlib 2.60's new API stack.
 
 >>> from rllib_dreamerv3 import DreamerV3Config
->>> algo = DreamerV3Config().environment("CartPole-v1").training(model_size="XS").build()  # doctest: +SKIP
+>>> config = DreamerV3Config().environment("CartPole-v1").training(model_size="XS")
+>>> algo = config.build_algo()  # doctest: +SKIP
 
 Importing the package also registers the Ray Tune trainable `"DreamerV3"`.
 """
@@ -14,8 +15,7 @@ from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior
 ensure_tf2_behavior()
 apply_ray_patches()
 
-from rllib_dreamerv3.algorithm import DreamerV3  # noqa: E402
-from rllib_dreamerv3.config import DreamerV3Config  # noqa: E402
+from rllib_dreamerv3.algorithm import DreamerV3, DreamerV3Config  # noqa: E402
 from rllib_dreamerv3.learner import DreamerV3Learner  # noqa: E402
 from rllib_dreamerv3.rl_module import DreamerV3RLModule  # noqa: E402
 

@@ -29,6 +29,7 @@ from ray.tune.utils import flatten_dict
 from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
+from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
@@ -583,8 +584,6 @@ def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, vide
     "length_mean", "env"}`.
     """
     from gymnasium.error import DependencyNotInstalled
-
-    from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
 
     if episodes < 1:
         raise CliError(f"--episodes {episodes}: give at least 1.")

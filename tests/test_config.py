@@ -5,6 +5,7 @@ import re
 import gymnasium as gym
 import numpy as np
 import pytest
+from ray.tune.registry import register_env
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.config import HYPERPARAMETERS
@@ -62,6 +63,8 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
     ("overlap_policy_and_envs", "yes", "overlap_policy_and_envs='yes' must be 'auto', True"),
     ("overlap_policy_and_envs", True, "overlap_policy_and_envs=True needs "
      "num_envs_per_env_runner >= 2 (got 1)"),
+    ("fast_kernels", "yes", "fast_kernels='yes' must be True or False"),
+    ("fast_kernels", 1, "fast_kernels=1 must be True or False"),
 ])
 def test_bad_values_are_named(key, value, message):
     config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
@@ -111,7 +114,8 @@ def _env_with(obs_space, act_space):
     (gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,))]), gym.spaces.Discrete(2),
      "Unsupported observation space Tuple"),
     (gym.spaces.MultiBinary(3), gym.spaces.Discrete(2), "Unsupported observation space Multi"),
-    (gym.spaces.Box(0, 1, (3, 4)), gym.spaces.Discrete(2), r"Unsupported observation shape \(3, 4\)"),
+    (gym.spaces.Box(0, 1, (3, 4)), gym.spaces.Discrete(2),
+     r"Unsupported observation shape \(3, 4\)"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiDiscrete([2, 2]),
      "Unsupported action space MultiDiscrete"),
     (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2), "Unsupported action space Multi"),
@@ -148,3 +152,53 @@ def test_replay_capacity_beyond_memory_is_rejected():
     with pytest.raises(ValueError, match=r"replay_capacity=1000000000 steps of 12330 bytes "
                                          r"need .* GiB, more than this machine's"):
         config.validate()
+
+
+class _CountingEnv(gym.Env):
+    """Counts constructions and closes; raises when built with `{"fail": True}`."""
+
+    observation_space = gym.spaces.Box(0, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    built = closed = 0
+
+    def __init__(self, config=None):
+        type(self).built += 1
+        if (config or {}).get("fail"):
+            raise RuntimeError("this env must not be built")
+
+    def close(self):
+        type(self).closed += 1
+
+
+@pytest.fixture
+def counting_env():
+    _CountingEnv.built = _CountingEnv.closed = 0
+    register_env("counting_env", _CountingEnv)
+    return _CountingEnv
+
+
+def test_validate_builds_no_env_when_the_spaces_are_given(counting_env):
+    config = DreamerV3Config().environment(
+        "counting_env", env_config={"fail": True},
+        observation_space=counting_env.observation_space, action_space=counting_env.action_space)
+    config.validate()
+    assert counting_env.built == 0
+
+
+def test_validate_checks_the_given_spaces(counting_env):
+    config = DreamerV3Config().environment(
+        "counting_env", env_config={"fail": True},
+        observation_space=gym.spaces.MultiBinary(3), action_space=gym.spaces.Discrete(2))
+    with pytest.raises(ValueError, match="Unsupported observation space Multi"):
+        config.validate()
+
+
+def test_validate_builds_and_closes_one_env_when_the_spaces_are_unknown(counting_env):
+    DreamerV3Config().environment("counting_env").validate()
+    assert (counting_env.built, counting_env.closed) == (1, 1)
+    # Closed also when the check of its spaces fails.
+    config = (DreamerV3Config().environment("counting_env")
+              .training(replay_capacity=10**15))  # more memory than any machine has
+    with pytest.raises(ValueError, match="replay_capacity=1000000000000000 steps"):
+        config.validate()
+    assert (counting_env.built, counting_env.closed) == (2, 2)
