@@ -1,4 +1,4 @@
-"""Atari environments as in the DreamerV3 paper (SPEC §7), built from ale-py and gymnasium.
+"""Atari environments as in the DreamerV3 paper's Atari experiments, from ale-py and gymnasium.
 
 `make_atari_env("ALE/Pong-v5", env_config)` gives an env with the full 18-action set, sticky
 actions (p = 0.25, applied by the ALE on every emulator frame), action repeat 4 with the last

@@ -1,4 +1,5 @@
-"""The model-size table (SPEC §6): the only place where network widths and depths are set.
+"""The model-size table (the paper's Appendix B): the only place where network widths and depths
+are set.
 
 XS…XL follow the paper's table B. nano…XXS are debug sizes with fewer latent categoricals and
 classes (the same numbers as RLlib's built-in DreamerV3, so that benchmarks compare like with like).

@@ -1,4 +1,4 @@
-"""DreamerV3's replay buffer (SPEC §5): uniform over all stored sub-sequences of length T.
+"""DreamerV3's replay buffer, as in the paper: uniform over all stored sub-sequences of length T.
 
 Steps arrive as per-env streams (one stream per sub-env of each EnvRunner). A stream is a
 contiguous run of steps across episode boundaries (marked by `is_first`), so a sampled sequence

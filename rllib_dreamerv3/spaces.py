@@ -3,7 +3,7 @@
 import gymnasium as gym
 import numpy as np
 
-IMAGE_SIZE = 64  # the CNN encoder takes 64×64 images (SPEC §2)
+IMAGE_SIZE = 64  # the CNN encoder takes 64×64 images, as in the DreamerV3 paper
 
 SUPPORTED = (
     "observations: a 1-D Box (vectors) or a Box(0, 255, (64, 64, C), uint8) image with C in "
@@ -58,7 +58,8 @@ def _check_image_space(obs):
         raise ValueError(
             f"Image observations {obs!r} have dtype {obs.dtype}; DreamerV3 needs uint8 pixels "
             "in [0, 255] (they stay uint8 in the replay buffer). Convert them, e.g. "
-            f"(obs * 255).astype(np.uint8) in an ObservationWrapper. DreamerV3 supports {SUPPORTED}.")
+            "(obs * 255).astype(np.uint8) in an ObservationWrapper. "
+            f"DreamerV3 supports {SUPPORTED}.")
     if (height, width) != (IMAGE_SIZE, IMAGE_SIZE) or channels not in (1, 3):
         raise ValueError(
             f"Unsupported image shape {obs.shape} of {obs!r}. DreamerV3's CNN takes "
