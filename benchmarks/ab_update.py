@@ -11,23 +11,17 @@ and compiled, and returns a callable that undoes its patch (or None), called rig
 compiled update thus keeps its own version of the code. Then it times the bare compiled updates
 (B=16, T=64, H=15, random batches) in interleaved rounds of `--per-round` calls each and prints
 one JSON line: per variant the median over rounds of its per-round median seconds, and in how
-many rounds it beat `base`. The speed changes in the README were measured this way. Example
-patch file (today's LayerNorm against the textbook one)::
+many rounds it beat `base`. Example patch file (the plain reference losses against the fused
+kernels, i.e. `fast_kernels=False` against the default)::
 
-    import tensorflow as tf
-    from rllib_dreamerv3 import networks
+    from rllib_dreamerv3 import losses, update
 
-    def plain_layer_norm():
-        saved = networks.LayerNorm.__call__
+    def plain():
+        saved = update.kernels
+        update.kernels = losses  # make_update_fn then uses the reference either way
+        return lambda: setattr(update, "kernels", saved)
 
-        def call(self, x):
-            mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
-            return (x - mean) * tf.math.rsqrt(var + self.eps) * self.scale + self.offset
-
-        networks.LayerNorm.__call__ = call
-        return lambda: setattr(networks.LayerNorm, "__call__", saved)
-
-    # python benchmarks/ab_update.py XS --variant plain=patch.py:plain_layer_norm
+    # python benchmarks/ab_update.py XS --variant plain=patch.py:plain
 """
 import argparse
 import importlib

@@ -1,7 +1,7 @@
 """Where one compiled update spends its time, per XLA operation (a profiling aid).
 
-Usage: python benchmarks/op_profile.py [SIZE] [--inputs vector|image] [--actions discrete|continuous]
-                                       [--updates N] [--top K] [--timeline SEGMENTS]
+Usage: python benchmarks/op_profile.py [SIZE] [--inputs vector|image]
+           [--actions discrete|continuous] [--updates N] [--top K] [--timeline SEGMENTS]
 
 Turns on XLA:CPU's per-thunk trace events (`--xla_cpu_enable_xprof_traceme`), runs N updates
 (B=16, T=64, H=15) of the compiled update under the TensorFlow profiler and prints one JSON line:

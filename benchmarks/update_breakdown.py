@@ -6,7 +6,9 @@ Compiles the pieces of one update (B=16, T=64, H=15) separately with XLA and pri
 line of seconds per call: world-model loss forward (`wm_fwd`); with its gradient and optimizer
 step (`wm_fwd_bwd_step`); imagination forward from B·T start states (`imagine_fwd`); imagination
 with the actor and critic losses, gradients and steps (`imagine_ac_fwd_bwd_steps`); the full
-update (`full`). A profiling aid: it reads private pieces of the Learner and the update.
+update (`full`). The pieces use the implementation the update uses: the fast kernels
+(`fast_kernels`, the default) or the plain losses. A profiling aid: it reads private pieces of
+the Learner and the update.
 """
 import json
 import os
@@ -21,7 +23,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 
 from update_speed import random_batch  # noqa: E402  (this script's folder is on sys.path)
 
-from rllib_dreamerv3 import DreamerV3Config, losses, random_ops  # noqa: E402
+from rllib_dreamerv3 import DreamerV3Config, kernels, losses, random_ops  # noqa: E402
 from rllib_dreamerv3.update import _step  # noqa: E402
 
 
@@ -48,15 +50,16 @@ def main(size):
         np.random.default_rng(0), B, T, "vector", action_space, obs_space.shape[0]).items()}
     seed = tf.constant([0, 1])
     compiled = tf.function(jit_compile=True, autograph=False)
+    impl = kernels if cfg.fast_kernels else losses  # as in update.make_update_fn
 
     @compiled
     def wm_fwd(batch, seed):
-        return losses.world_model_loss(model, batch, random_ops.split(seed, T), cfg)[0]
+        return impl.world_model_loss(model, batch, random_ops.split(seed, T), cfg)[0]
 
     @compiled
     def wm_fwd_bwd_step(batch, seed):
         with tf.GradientTape() as tape:
-            loss = losses.world_model_loss(model, batch, random_ops.split(seed, T), cfg)[0]
+            loss = impl.world_model_loss(model, batch, random_ops.split(seed, T), cfg)[0]
         _step(optimizers["world_model"], tape, loss, model.world_model.trainable_variables,
               cfg.world_model_grad_clip)
         return loss
@@ -69,13 +72,13 @@ def main(size):
 
     @compiled
     def imagine_fwd(h, z, seed):
-        return losses.imagine(model, h, z, H, random_ops.split(seed, 2 * H)).h
+        return impl.imagine(model, h, z, H, random_ops.split(seed, 2 * H)).h
 
     @compiled
     def imagine_ac_fwd_bwd_steps(h, z, seed):
         with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
-            imagined = losses.imagine(model, h, z, H, random_ops.split(seed, 2 * H))
-            actor_loss, critic_loss, _, _ = losses.actor_critic_losses(
+            imagined = impl.imagine(model, h, z, H, random_ops.split(seed, 2 * H))
+            actor_loss, critic_loss, _, _ = impl.actor_critic_losses(
                 model, imagined, start_cont, cfg)
         _step(optimizers["critic"], critic_tape, critic_loss, model.critic.trainable_variables,
               cfg.critic_grad_clip)

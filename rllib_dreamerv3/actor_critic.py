@@ -1,4 +1,5 @@
-"""Actor and critic, both on world-model features `[h, z]` (SPEC §3)."""
+"""Actor and critic, both on the model state `s = [h, z]` (Hafner et al. 2023, actor-critic
+learning)."""
 
 import tensorflow as tf
 
@@ -64,12 +65,12 @@ class Critic(tf.Module):
 
     def __init__(self, feat_dim, size, num_bins=255, name=None):
         super().__init__(name=name)
-        self.mlp = two_hot_head(feat_dim, size, num_bins)  # masked columns beyond the bins
+        self.mlp = two_hot_head(feat_dim, size, num_bins)
         self.bins = math_ops.two_hot_bins(num_bins)
 
     def __call__(self, feat):
-        """Logits `[..., num_bins]`."""
-        return self.mlp(feat)[..., :self.bins.shape[0]]
+        """Logits `[..., num_bins]` of the value's bins (in symlog space)."""
+        return self.mlp(feat)
 
     def value(self, feat):
         """The value in real space, `[...]`."""

@@ -1,4 +1,5 @@
-"""Observation encoders and decoders (SPEC §2): an MLP for vectors, a CNN for 64×64 images.
+"""Observation encoders and decoders (the paper's Appendix B): an MLP for vectors, a CNN for
+64×64 images.
 
 Every encoder maps observations `[..., *obs_shape]` to embeddings `[..., out_units]`; every
 decoder maps features `[..., F]` to its prediction, and its `loss` is `-ln p(x|s)` up to a
@@ -54,7 +55,13 @@ class VectorDecoder(tf.Module):
 
     def loss(self, feat, obs):
         """Squared error in symlog space, summed over the observation's entries."""
-        return tf.reduce_sum(tf.square(self(feat) - math_ops.symlog(tf.cast(obs, tf.float32))), -1)
+        return self.loss_of(self(feat), obs)
+
+    @staticmethod
+    def loss_of(prediction, obs):
+        """:meth:`loss` given the decoder's output `prediction`."""
+        return tf.reduce_sum(tf.square(prediction - math_ops.symlog(tf.cast(obs, tf.float32))),
+                             -1)
 
     def predict(self, feat):
         """Observation prediction in real space."""
@@ -103,7 +110,7 @@ class ImageDecoder(tf.Module):
         super().__init__(name=name)
         self.obs_shape = tuple(obs_shape)
         channels = _cnn_channels(self.obs_shape[0], size.cnn_multiplier)[::-1]  # 8d ... d
-        self.start_channels = channels[0]
+        self.start_shape = (CNN_MIN_RESOLUTION, CNN_MIN_RESOLUTION, channels[0])
         self.dense = Dense(feat_dim, CNN_MIN_RESOLUTION**2 * channels[0])
         self.blocks = [ConvBlock(cin, cout, kernel, 2, transpose=True)
                        for cin, cout in pairwise(channels)]
@@ -111,15 +118,20 @@ class ImageDecoder(tf.Module):
 
     def __call__(self, feat):
         x, lead = _flatten_leading(feat, 1)
-        x = tf.reshape(self.dense(x), [-1, CNN_MIN_RESOLUTION, CNN_MIN_RESOLUTION,
-                                       self.start_channels])
+        x = tf.reshape(self.dense(x), [-1, *self.start_shape])
         for block in self.blocks:
             x = block(x)
         return _restore_leading(self.out(x), lead, 3)
 
     def loss(self, feat, obs):
+        """Squared error on centred pixels, summed over the image."""
+        return self.loss_of(self(feat), obs)
+
+    @staticmethod
+    def loss_of(prediction, obs):
+        """:meth:`loss` given the decoder's output `prediction`."""
         target = tf.cast(obs, tf.float32) / 255.0 - 0.5
-        return tf.reduce_sum(tf.square(self(feat) - target), [-3, -2, -1])
+        return tf.reduce_sum(tf.square(prediction - target), [-3, -2, -1])
 
     def predict(self, feat):
         """Predicted image as uint8 pixels."""

@@ -1,15 +1,19 @@
-"""DreamerV3's losses (SPEC §2–3), as functions of a :class:`DreamerV3Model` and a batch.
+"""DreamerV3's losses, written as the paper states them (Hafner et al. 2023, arXiv 2301.04104v1).
 
 `hp` is any object with the hyperparameter attributes of
-:class:`~rllib_dreamerv3.config.DreamerV3Config` (`free_bits`, `pred_loss_scale`, ...).
-Batches are batch-major `[B, T, ...]`; everything inside is time-major `[T, B, ...]`.
+:class:`~rllib_dreamerv3.DreamerV3Config` (`free_bits`, `pred_loss_scale`, ...). Batches are
+batch-major `[B, T, ...]`; everything inside is time-major `[T, B, ...]`.
+
+This module is the reference. :mod:`rllib_dreamerv3.kernels` provides the same three functions,
+:func:`world_model_loss`, :func:`imagine` and :func:`actor_critic_losses`, computed with fused
+kernels (`fast_kernels=True`); both share the helpers below that combine the terms.
 """
 
 from typing import NamedTuple
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import math_ops, networks
+from rllib_dreamerv3 import math_ops
 
 sg = tf.stop_gradient
 
@@ -20,8 +24,20 @@ def time_major(x):
     return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
 
 
+def sequences(batch):
+    """The batch's `(obs, prev_actions, rewards, is_first, cont)`, time-major; `prev_actions`
+    holds the action before each step (zeros before the first), `cont = 1 - is_terminal`."""
+    actions = time_major(batch["actions"])
+    prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
+    cont = 1.0 - time_major(tf.cast(batch["is_terminal"], tf.float32))
+    return (time_major(batch["obs"]), prev_actions, time_major(batch["rewards"]),
+            time_major(batch["is_first"]), cont)
+
+
+# --- world model --------------------------------------------------------------------------------
 def world_model_loss(model, batch, seeds, hp):
-    """`L = pred_scale * L_pred + dyn_scale * L_dyn + rep_scale * L_rep`, averaged over B and T.
+    """`L(φ) = E[β_pred L_pred + β_dyn L_dyn + β_rep L_rep]`, averaged over B and T (paper,
+    world model learning).
 
     Args:
         batch: dict with `obs [B, T, ...]`, `actions [B, T, A]` (the action taken at each step;
@@ -33,29 +49,40 @@ def world_model_loss(model, batch, seeds, hp):
         `(loss, metrics, (h, z))` with the posterior states `[T, B, ...]`.
     """
     wm = model.world_model
-    obs = time_major(batch["obs"])  # uint8 images stay uint8 until the encoder
-    actions = time_major(batch["actions"])
-    rewards = time_major(batch["rewards"])
-    is_first = time_major(batch["is_first"])
-    cont = 1.0 - time_major(tf.cast(batch["is_terminal"], tf.float32))
-    embed = wm.encoder(obs)  # [T, B, E]
-    prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
-    h, z, post, prior = wm.observe(embed, prev_actions, is_first, seeds)
+    obs, prev_actions, rewards, is_first, cont = sequences(batch)
+    h, z, post, prior = wm.observe(wm.encoder(obs), prev_actions, is_first, seeds)
     feat = tf.concat([h, z], -1)
-
+    # L_pred = -ln p(x|z,h) - ln p(r|z,h) - ln p(c|z,h): the decoder's loss, the reward head's
+    # two-hot log-likelihood of the symlog reward, the continue head's Bernoulli one.
     decoder_loss = wm.decoder.loss(feat, obs)
-    reward_logits, reward_mean = wm.reward_head.with_mean_output(feat)
-    reward_loss = math_ops.two_hot_loss(reward_logits, rewards, wm.bins, reward_mean)
+    reward_loss = -math_ops.two_hot_log_prob(wm.reward_head(feat), rewards, wm.bins)
     continue_loss = tf.nn.sigmoid_cross_entropy_with_logits(cont, wm.continue_logit(feat))
-    pred_loss = decoder_loss + reward_loss + continue_loss
+    loss, metrics = combine_world_model_loss(wm, decoder_loss, reward_loss, continue_loss, post,
+                                             prior, hp)
+    return loss, metrics, (h, z)
 
-    post_probs, prior_probs = wm.probs(post), wm.probs(prior)
-    kl_dyn = math_ops.categorical_kl(sg(post_probs), prior_probs)
-    kl_rep = math_ops.categorical_kl(post_probs, sg(prior_probs))
-    dyn_loss = math_ops.free_bits(kl_dyn, hp.free_bits)
-    rep_loss = math_ops.free_bits(kl_rep, hp.free_bits)
+
+def kl_balancing(wm, post_logits, prior_logits, free_bits):
+    """`L_dyn = max(free, KL[sg(q(z|h,x)) || p(z|h)])` trains the prior towards the posterior,
+    `L_rep = max(free, KL[q(z|h,x) || sg(p(z|h))])` the posterior towards the prior; both on the
+    unimix distributions, with free bits (`free` nats). Returns `(L_dyn, L_rep, KL)`, `[T, B]`
+    each (the KL before free bits)."""
+    post, prior = wm.probs(post_logits), wm.probs(prior_logits)
+    kl_dyn = math_ops.categorical_kl(sg(post), prior)
+    kl_rep = math_ops.categorical_kl(post, sg(prior))
+    return math_ops.free_bits(kl_dyn, free_bits), math_ops.free_bits(kl_rep, free_bits), kl_dyn
+
+
+def combine_world_model_loss(wm, decoder_loss, reward_loss, continue_loss, post_logits,
+                             prior_logits, hp):
+    """`(L(φ), metrics)` from the per-step prediction losses `[T, B]` and the posterior and
+    prior logits `[T, B, K, C]`."""
+    pred_loss = decoder_loss + reward_loss + continue_loss
+    dyn_loss, rep_loss, kl = kl_balancing(wm, post_logits, prior_logits, hp.free_bits)
     loss = tf.reduce_mean(hp.pred_loss_scale * pred_loss + hp.dyn_loss_scale * dyn_loss
                           + hp.rep_loss_scale * rep_loss)
+    prior_entropy = math_ops.categorical_entropy(wm.probs(prior_logits), [-2, -1])
+    post_entropy = math_ops.categorical_entropy(wm.probs(post_logits), [-2, -1])
     metrics = {
         "L_world_model": loss,
         "L_pred": tf.reduce_mean(pred_loss),
@@ -64,66 +91,62 @@ def world_model_loss(model, batch, seeds, hp):
         "L_continue": tf.reduce_mean(continue_loss),
         "L_dyn": tf.reduce_mean(dyn_loss),
         "L_rep": tf.reduce_mean(rep_loss),
-        "kl_dyn_before_free_bits": tf.reduce_mean(kl_dyn),
-        "kl_rep_before_free_bits": tf.reduce_mean(kl_rep),
-        "prior_entropy": tf.reduce_mean(math_ops.categorical_entropy(prior_probs, [-2, -1])),
-        "posterior_entropy": tf.reduce_mean(math_ops.categorical_entropy(post_probs, [-2, -1])),
+        # KL[sg(post) || prior] and KL[post || sg(prior)] have the same value
+        "kl_dyn_before_free_bits": tf.reduce_mean(kl),
+        "kl_rep_before_free_bits": tf.reduce_mean(kl),
+        "prior_entropy": tf.reduce_mean(prior_entropy),
+        "posterior_entropy": tf.reduce_mean(post_entropy),
     }
-    return loss, metrics, (h, z)
+    return loss, metrics
 
 
+# --- imagination --------------------------------------------------------------------------------
 class Imagination(NamedTuple):
     """An imagined trajectory from :func:`imagine` (time-major; index 0: the start states).
 
-    `h` `[H + 1, N, D]` and `z` `[H + 1, N, K * C]` (one-hot) are the model states, `z_index`
-    `[H + 1, N, K]` the latents' classes (the networks take the latent as classes, see
-    :meth:`WorldModel.head`), `actions` `[H, N, A]` the actions taken from the first `H`
-    states and `dist` the actor's distribution parameters there (`[H, N, A]` each; reused by the
-    actor loss instead of a second actor pass).
+    `h` `[H + 1, N, D]` and `z` `[H + 1, N, K * C]` (one-hot) are the model states, `actions`
+    `[H, N, A]` the actions taken from the first `H` states and `dist` the actor's distribution
+    parameters there (`[H, N, A]` each). `z_index` `[H + 1, N, K]`: the latents' classes, where
+    the imagination kept them (the fused kernels do), else None.
     """
 
     h: tf.Tensor
     z: tf.Tensor
-    z_index: tf.Tensor
     actions: tf.Tensor
     dist: tuple
+    z_index: tf.Tensor = None
 
     @property
     def feat(self):
-        """The model features `concat([h, z])`, `[H + 1, N, D + K * C]`."""
+        """The model states `s = concat([h, z])`, `[H + 1, N, D + K * C]`."""
         return tf.concat([self.h, self.z], -1)
 
 
 def imagine(model, h, z, horizon, seeds):
     """Roll the actor through the world model for `horizon` steps from start states `[N, ...]`.
 
-    Returns an :class:`Imagination`. The actor acts on the states without their gradient, as
-    in DreamerV3's `policy(sg(state))`. Discrete actions are fed to the dynamics without
-    gradient (REINFORCE needs none); continuous actions keep their reparameterised gradient so
-    returns can be backpropagated into the actor through the dynamics.
+    Returns an :class:`Imagination`. The actor acts on the states without their gradient,
+    `a ~ π(a | sg(s))`. Discrete actions enter the dynamics without gradient (REINFORCE needs
+    none); continuous actions keep their reparameterised gradient, so that returns
+    backpropagate into the actor through the dynamics.
     """
     wm, actor = model.world_model, model.actor
-    hs, zs, indices, actions, dists = [h], [z], [wm.z_index(z)], [], []
+    hs, zs, actions, dists = [h], [z], [], []
     for t in range(horizon):
-        # No `z` given: the latent enters as classes, with no gradient (WorldModel.head).
-        dist = actor.dist_from_output(wm.head(actor.mlp, sg(h), indices[-1]))
+        dist = actor.dist(sg(tf.concat([h, z], -1)))
         action = actor.sample(dist, seeds[2 * t])
         if actor.discrete:
             action = sg(action)
-        h, z, index = wm.imagine_step(h, z, action, seeds[2 * t + 1], with_index=True,
-                                      z_index=indices[-1])
-        if not actor.discrete:  # returns backpropagate through h: see materialized_gradient
-            h = networks.materialized_gradient(h)
+        h, z = wm.imagine_step(h, z, action, seeds[2 * t + 1])
         hs.append(h)
         zs.append(z)
-        indices.append(index)
         actions.append(action)
         dists.append(dist)
     dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
-    return Imagination(tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(indices, 0),
-                       tf.stack(actions, 0), dists)
+    return Imagination(tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dists)
 
 
+# --- actor and critic ---------------------------------------------------------------------------
 def actor_critic_losses(model, imagined, start_cont, hp):
     """Critic and actor losses on an imagined trajectory, and the new return scale.
 
@@ -132,62 +155,59 @@ def actor_critic_losses(model, imagined, start_cont, hp):
         start_cont: `[N]` real `1 - is_terminal` of the start states.
 
     Returns:
-        `(actor_loss, critic_loss, new_return_scale, metrics)`. The critic loss depends only on the
-        critic's variables; the actor loss is meant to update only the actor's variables.
+        `(actor_loss, critic_loss, new_return_scale, metrics)`. The critic loss depends only on
+        the critic's variables; the actor loss is meant to update only the actor's variables.
     """
-    wm, actor, critic = model.world_model, model.actor, model.critic
-    h_grad, z_grad, z_index = imagined.h, imagined.z, imagined.z_index
-    actions, dist = imagined.actions, imagined.dist
-    # The heads take the latents as class indices (WorldModel.head: kernel-row sums instead of
-    # matmuls with one-hot inputs, and segment sums for their kernels' gradients).
-    # The reward and continue heads run on the imagined states only: the start states' reward
-    # is unused and their continue flag is the real one.
-    h = sg(h_grad)
-    # The two-hot heads' softmaxes are shifted by their mean logit, which the heads return for
-    # the price of a matrix-vector product (math_ops.two_hot_stats: no pass for the row maximum).
-    # With continuous actions the returns backpropagate into the actor through the rewards.
-    reward_logits, reward_mean = wm.head(wm.reward_head, h_grad[1:], z_index[1:], z_grad[1:],
-                                         with_mean=True)
-    reward = math_ops.two_hot_stats(reward_logits, wm.bins, reward_mean)[0]
-    reward = tf.concat([tf.zeros_like(start_cont)[None], reward], 0)
-    cont_logit = wm.head(wm.continue_head, h[1:], z_index[1:])[..., 0]
-    cont = tf.cast(cont_logit > 0.0, tf.float32)  # mode of the continue head
+    wm, critic = model.world_model, model.critic
+    feat = imagined.feat  # with continuous actions, returns backpropagate through it
+    # The reward and continue heads predict on arrival at the imagined states; the start
+    # states' reward is unused and their continue flag is the real one.
+    reward = tf.concat([tf.zeros_like(start_cont)[None], wm.reward(feat[1:])], 0)
+    cont = tf.cast(wm.continue_logit(sg(feat[1:])) > 0.0, tf.float32)  # the head's mode
     cont = tf.concat([start_cont[None], cont], 0)
-    # One critic pass serves the values (returns, advantages) and the critic's loss. With
-    # continuous actions the returns backpropagate into the actor through the values, so the
-    # critic runs on the states with their gradient; the critic loss is differentiated w.r.t.
-    # the critic's variables only, so this path to the states does not affect it.
-    critic_logits, critic_mean = (
-        wm.head(critic.mlp, h, z_index, with_mean=True) if actor.discrete
-        else wm.head(critic.mlp, h_grad, z_index, z_grad, with_mean=True))  # [H + 1, N, bins]
-    value, log_normalizer = math_ops.two_hot_stats(critic_logits, critic.bins, critic_mean,
-                                                   keep_exp=True)
+    value = critic.value(feat)  # [H + 1, N]
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
+    ema_value = model.critic_ema.value(sg(feat[:-1]))
+    critic_loss = critic_nll(critic(sg(feat[:-1])), returns, ema_value, weights,
+                             hp.critic_ema_regularizer, critic.bins)
+    return actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights,
+                                  critic_loss, hp)
 
-    ema_logits, ema_mean = wm.head(model.critic_ema.mlp, h[:-1], z_index[:-1], with_mean=True)
-    ema_value = math_ops.two_hot_stats(ema_logits, critic.bins, ema_mean)[0]
-    # Cross-entropy towards the returns plus the regulariser's towards the EMA critic's values:
-    # both of the same logits, in one pass. The loss runs on all H + 1 states with weight 0 on
-    # the last (which has no return): slicing the logits to the first H and padding their
-    # gradient back cost more than the extra row (-6 % of a nano update, A/B).
-    no_return = tf.zeros_like(start_cont)[None]
-    cross_entropy = math_ops.two_hot_cross_entropy(
-        critic_logits, log_normalizer,
-        [tf.concat([returns, no_return], 0), tf.concat([ema_value, no_return], 0)],
-        [1.0, hp.critic_ema_regularizer], critic.bins)  # [H + 1, N]
-    critic_loss = (tf.reduce_sum(tf.concat([weights, no_return], 0) * cross_entropy)
-                   / tf.cast(tf.size(weights), tf.float32))  # the mean over the H steps
 
+def critic_nll(logits, returns, ema_value, weights, regularizer, bins):
+    """The critic loss `L(ψ) = -Σ_t w_t [ln p_ψ(R^λ_t | s_t) + r ln p_ψ(v_ema(s_t) | s_t)]`
+    averaged over the `H` steps and `N` trajectories: the two-hot log-likelihood of the
+    λ-returns (paper, critic learning), plus (weight `r`, `critic_ema_regularizer`) that of the
+    slow critic's values (the regulariser of the author's implementation).
+
+    Args:
+        logits: `[H, N, bins]` of the critic on `sg(s_t)`.
+        returns, ema_value, weights: `[H, N]` (no gradient reaches them).
+    """
+    nll = -math_ops.two_hot_log_prob(logits, sg(returns), bins)
+    regularizer_nll = -math_ops.two_hot_log_prob(logits, sg(ema_value), bins)
+    return tf.reduce_mean(sg(weights) * (nll + regularizer * regularizer_nll))
+
+
+def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights, critic_loss,
+                           hp):
+    """The actor loss, the new return scale and the metrics, from the imagined trajectory's
+    predictions (`reward`, `cont`, `value` `[H + 1, N]`) and `returns`, `weights` `[H, N]`.
+
+    Returns `(actor_loss, critic_loss, new_return_scale, metrics)` (paper, actor learning).
+    The returns are normalised by `max(1, S)`, `S` an EMA of their 5th-to-95th percentile
+    range; the actor maximises the normalised advantage (REINFORCE for discrete actions,
+    backpropagated through the dynamics for continuous ones) plus `entropy_scale` times its
+    entropy.
+    """
+    actor = model.actor
     scale = math_ops.return_scale_update(model.return_scale, sg(returns),
                                          hp.return_normalization_decay)
     adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
-    # `dist` is what the actor gave on `sg(h[:-1]), sg(z[:-1])` (imagine).
+    dist, actions = imagined.dist, imagined.actions  # the actor's on sg(s_t)
     entropy = actor.entropy(dist)
-    if actor.discrete:
-        objective = sg(adv) * actor.log_prob(dist, actions)
-    else:
-        objective = adv
+    objective = sg(adv) * actor.log_prob(dist, actions) if actor.discrete else adv
     actor_loss = tf.reduce_mean(weights * (-objective - hp.entropy_scale * entropy))
     metrics = {
         "L_actor": actor_loss,

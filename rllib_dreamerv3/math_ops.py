@@ -1,4 +1,4 @@
-"""Pure math of DreamerV3 (SPEC §1–3): every function is stateless and framework-light.
+"""Pure math of DreamerV3 (Hafner et al. 2023): every function is stateless and framework-light.
 
 All functions take and return `tf.Tensor`s (numpy arrays are accepted too) and are safe to use
 inside `tf.function` / XLA. Shapes are given as `[...]` for arbitrary leading dimensions.
@@ -24,27 +24,6 @@ def symexp(y):
 def two_hot_bins(num_bins=255, low=-20.0, high=20.0):
     """Bin centres, evenly spaced on `[low, high]` in symlog space: `[num_bins]` float32."""
     return tf.linspace(tf.constant(low, tf.float32), tf.constant(high, tf.float32), num_bins)
-
-
-def two_hot_masked_columns(num_bins, multiple=16):
-    """How many masked columns (:class:`~rllib_dreamerv3.networks.Dense`'s `masked_out`) round a
-    head of `num_bins` logits up to a multiple of `multiple` (1 for 255 bins). The two-hot
-    functions below take such padded logits with the unpadded `bins`."""
-    return -num_bins % multiple
-
-
-def _check_width(bins, width):
-    """Raise unless logits of `width` columns have one per bin (plus masked columns)."""
-    if width is None or width < bins.shape[0]:
-        raise ValueError(f"two-hot logits have {width} columns for {bins.shape[0]} bins; they "
-                         "need one per bin (plus masked columns, see two_hot_masked_columns).")
-
-
-def _padded_bins(bins, width):
-    """`bins` followed by zeros up to the logits' `width` (masked columns have probability 0)."""
-    _check_width(bins, width)
-    num_bins = bins.shape[0]
-    return bins if width == num_bins else tf.concat([bins, tf.zeros([width - num_bins])], 0)
 
 
 def two_hot_parts(y, bins):
@@ -74,131 +53,26 @@ def two_hot(y, bins):
     is far cheaper than a search over the bins. Weights are proportional to closeness; a value on
     a bin is one-hot (up to float rounding); values outside the bins' range clip to the end bins.
     """
-    return _two_hot_of_parts(*two_hot_parts(y, bins), bins.shape[0])
+    return two_hot_from_parts(*two_hot_parts(y, bins), bins.shape[0])
 
 
-def _two_hot_of_parts(below, weight_above, num_bins):
+def two_hot_from_parts(below, weight_above, num_bins):
     """The dense `[..., num_bins]` two-hot weights of :func:`two_hot_parts`' output."""
     return (tf.one_hot(below, num_bins) * (1.0 - weight_above)[..., None]
             + tf.one_hot(below + 1, num_bins) * weight_above[..., None])
 
 
-def two_hot_stats(logits, bins, shift=None, keep_exp=False):
-    """`(mean, log_normalizer)` of a two-hot head, `[...]` each, in one pass over its logits.
-
-    `mean` is the real-space prediction `symexp(sum(softmax(logits) * bins))` and
-    `log_normalizer` is `logsumexp(logits)`, so that `log_softmax(logits) = logits -
-    log_normalizer` (see :func:`two_hot_cross_entropy`).
-
-    `shift` `[...]`: any per-row value; the normaliser is computed as `shift + log(sum(exp(logits
-    - shift)))`, which is exact for every shift but overflows when a logit exceeds it by more than
-    ~88. The row's maximum (the default) is the safe choice, but takes a pass over the logits of
-    its own, and XLA:CPU reduces rows of 255 bins slowly; the row's mean logit, which
-    `MLP.with_mean_output` gets from the output layer's input for the price of a matrix-vector
-    product, is the fast one. Rows are checked: if any overflowed, all are recomputed with the
-    maximum. The sums over the bins are matrix-vector products (XLA:CPU computes them with the
-    exponentials fused in), and the gradient `softmax * (d_lse + d_mean' * (bins - expected))` is
-    one elementwise pass: for the critic at size nano this costs ~25 % less than a log-softmax
-    and its gradient (microbenchmark, 16384 x 255 logits).
-
-    `keep_exp`: keep the forward pass's exponentials for the gradient, which then scales them
-    (`softmax = exp(logits - shift) / sum`) instead of exponentiating the logits again: one
-    buffer of the logits' size is written in the forward pass and one exponential pass saved in
-    the backward. For a head that is differentiated: the critic's at size nano, 0.0364 → 0.0339 s
-    per update (9/10 rounds, `benchmarks/ab_update.py`); a head without gradient would only pay
-    for the buffer.
-
-    `logits` may have more columns than `bins`: trailing masked logits
-    (`networks.MASKED_LOGIT`, probability 0) that pad a head to an aligned width.
-    """
-    logits = tf.convert_to_tensor(logits, tf.float32)
-    width = logits.shape[-1]
-    bins = _padded_bins(bins, width)
-    flat = tf.reshape(logits, [-1, width])
-    ones, bin_values = tf.ones([width, 1]), tf.reshape(bins, [width, 1])
-
-    def normaliser_and_expected(shift):  # and, with keep_exp, exp(flat - shift) and its sums
-        e = tf.exp(flat - shift)
-        total = tf.matmul(e, ones)
-        out = (shift + tf.math.log(total), tf.matmul(e, bin_values) / total)
-        return out + (e, total) if keep_exp else out
-
-    @tf.custom_gradient
-    def stats(flat):
-        if shift is None:
-            out = normaliser_and_expected(tf.reduce_max(flat, -1, keepdims=True))
-        else:
-            given = tf.stop_gradient(tf.reshape(tf.cast(shift, tf.float32), [-1, 1]))
-            out = normaliser_and_expected(given)
-            out = tf.cond(
-                tf.reduce_all(tf.math.is_finite(out[0])), lambda: out,
-                lambda: normaliser_and_expected(tf.reduce_max(flat, -1, keepdims=True)))
-        lse, expected = out[:2]
-
-        def grad(d_lse, d_expected):
-            d_lse = 0.0 if d_lse is None else d_lse
-            d_expected = 0.0 if d_expected is None else d_expected
-            d_probs = d_lse + d_expected * (bins - expected)
-            if keep_exp:
-                e, total = out[2:]
-                return e * (d_probs / total)
-            return tf.exp(flat - lse) * d_probs
-
-        return (lse, expected), grad
-
-    lse, expected = stats(flat)
-    shape = tf.shape(logits)[:-1]
-    return symexp(tf.reshape(expected, shape)), tf.reshape(lse, shape)
-
-
-def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
-    """`sum_k weights[k] * CE(two_hot(symlog(targets[k])), softmax(logits))`, `[...]`.
-
-    `log_normalizer`: `logsumexp(logits)` from :func:`two_hot_stats` (the loss's gradient
-    reaches the logits through it too). `targets`: real-space labels `[...]` (no gradient reaches
-    them). Each label has two non-zero bins, so `sum(labels * logits)` is gathered (4 entries a row
-    for two targets) instead of summed over all bins; its gradient is the labels themselves, made
-    in the elementwise pass that XLA fuses with :func:`two_hot_stats`'s. `logits` may have
-    trailing masked columns, as in :func:`two_hot_stats`.
-    """
-    if len(targets) != len(weights) or not targets:
-        raise ValueError(f"two_hot_cross_entropy: {len(targets)} targets and {len(weights)} "
-                         "weights; give one weight per target (at least one).")
-    logits = tf.convert_to_tensor(logits, tf.float32)
-    num_bins = logits.shape[-1]
-    _check_width(bins, num_bins)
-    flat = tf.reshape(logits, [-1, num_bins])
-    parts = [two_hot_parts(symlog(tf.reshape(tf.stop_gradient(t), [-1])), bins) for t in targets]
-    weights = [tf.cast(w, tf.float32) for w in weights]
-
-    @tf.custom_gradient
-    def labelled(flat):
-        out = 0.0
-        for (below, above), weight in zip(parts, weights):
-            pair = tf.gather(flat, tf.stack([below, below + 1], -1), batch_dims=1)  # [rows, 2]
-            out += weight * ((1.0 - above) * pair[:, 0] + above * pair[:, 1])
-
-        def grad(dy):
-            labels = tf.add_n([weight * _two_hot_of_parts(below, above, num_bins)
-                               for (below, above), weight in zip(parts, weights)])
-            return dy[:, None] * labels
-
-        return out, grad
-
-    total_weight = tf.add_n(weights) if len(weights) > 1 else weights[0]
-    return total_weight * log_normalizer - tf.reshape(labelled(flat), tf.shape(logits)[:-1])
+def two_hot_log_prob(logits, target, bins):
+    """`ln p(target)` of a two-hot head: `sum(two_hot(symlog(target)) * log_softmax(logits))`,
+    `[...]`. `target` is in real space; the discrete distribution over the bins (in symlog space)
+    gives a value between two bins the probability of its two-hot encoding."""
+    labels = two_hot(symlog(tf.convert_to_tensor(target, tf.float32)), bins)
+    return tf.reduce_sum(labels * tf.nn.log_softmax(logits), -1)
 
 
 def two_hot_mean(logits, bins):
-    """Real-space prediction of a two-hot head: `symexp(sum(softmax(logits) * bins))`, [...]."""
-    return two_hot_stats(logits, bins)[0]
-
-
-def two_hot_loss(logits, target, bins, shift=None):
-    """Cross-entropy of a two-hot head towards a real-space `target` (symlog'ed here), [...].
-    `shift`: as in :func:`two_hot_stats`."""
-    return two_hot_cross_entropy(logits, two_hot_stats(logits, bins, shift)[1], [target], [1.0],
-                                 bins)
+    """Real-space prediction of a two-hot head: `symexp(sum(softmax(logits) * bins))`, `[...]`."""
+    return symexp(tf.reduce_sum(tf.nn.softmax(logits) * bins, -1))
 
 
 def unimix_probs(logits, unimix=0.01):
@@ -218,7 +92,8 @@ def categorical_entropy(probs, axis=-1):
 
 
 def categorical_kl(p, q):
-    """KL[p || q] of independent categoricals `[..., K, C]`, summed over the K categoricals: [...]."""
+    """KL[p || q] of independent categoricals `[..., K, C]`, summed over the K categoricals,
+    `[...]`."""
     return tf.reduce_sum(p * (tf.math.log(p) - tf.math.log(q)), axis=[-2, -1])
 
 
@@ -272,7 +147,7 @@ def trajectory_weights(cont, gamma):
 def _order_statistics(flat, ranks):
     """The `ranks`-th smallest entries (0-based Python ints) of the float32 vector `flat`.
 
-    A bitwise binary search instead of a sort: float32s map to int32 keys that order like the
+    A bitwise binary search instead of a sort: float32 values map to int32 keys that order like the
     floats (negative floats' magnitude bits flipped), and 32 halvings of the key range, each
     counting the keys at or below the candidates, pin down every order statistic at once.
     """

@@ -36,7 +36,7 @@ class DreamerV3Model(tf.Module):
         self.critic_ema = Critic(feat_dim, size, num_bins)
         for slow, fast in zip(self.critic_ema.variables, self.critic.variables):
             slow.assign(fast)
-        # EMA of the 5th-95th percentile range of imagined returns (S in SPEC §3).
+        # EMA of the 5th-95th percentile range of imagined returns (S, Hafner et al. 2023, Eq. 12).
         self.return_scale = tf.Variable(0.0, trainable=False, name="return_scale")
         self.action_dim = action_dim
         self.discrete = discrete
@@ -59,7 +59,7 @@ class DreamerV3Model(tf.Module):
         """
         h, z, prev_action = carry
         wm = self.world_model
-        h, z, _, _ = wm.observe_step(h, z, prev_action, wm.encoder(obs), is_first, seed,
+        h, z, _ = wm.observe_step(h, z, prev_action, wm.encoder(obs), is_first, seed,
                                      sample=explore)
         dist = self.actor.dist(tf.concat([h, z], -1))
         seed = random_ops.fold_in(seed, 1)

@@ -72,7 +72,8 @@ class DreamerV3RLModule(TfRLModule):
         return {"h": h.numpy()[0], "z": z.numpy()[0], "action": action.numpy()[0]}
 
     def policy_fn(self, explore):
-        """The compiled `(obs, is_first, h, z, action, seed) -> (env_action, model_action, h, z)`."""
+        """The compiled policy,
+        `(obs, is_first, h, z, action, seed) -> (env_action, model_action, h, z)`."""
         if explore not in self._policy_fns:
             model = self.model
             low = high = None

@@ -1,9 +1,9 @@
-"""One DreamerV3 update (SPEC §4): world model step, imagination, critic and actor steps, critic
-EMA — built as a single compiled TF function with fixed shapes."""
+"""One DreamerV3 update: world model step, imagination, critic and actor steps, critic EMA (Hafner
+et al. 2023) — built as a single compiled TF function with fixed shapes."""
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import losses, random_ops
+from rllib_dreamerv3 import kernels, losses, random_ops
 
 WORLD_MODEL, ACTOR, CRITIC = "world_model", "actor", "critic"
 
@@ -47,6 +47,9 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
         model: a :class:`~rllib_dreamerv3.model.DreamerV3Model`.
         optimizers: dict with keys `"world_model"`, `"actor"`, `"critic"` (built optimizers).
         hp: the config (loss scales, γ, λ, clips, ...; see :mod:`rllib_dreamerv3.losses`).
+            `hp.fast_kernels` picks the implementation of the losses: the fused kernels of
+            :mod:`rllib_dreamerv3.kernels` (True) or the reference :mod:`rllib_dreamerv3.losses`
+            (False); both give the same results.
         signature: the batch's :func:`batch_signature`; the function is traced once for it.
         jit_compile: compile with XLA (else a plain graph function).
 
@@ -59,12 +62,13 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
     actor_vars = model.actor.trainable_variables
     critic_vars = model.critic.trainable_variables
     horizon = hp.horizon_H
+    impl = kernels if hp.fast_kernels else losses
     batch_size, batch_length = signature["rewards"].shape
 
     def update(batch, seed):
         seeds = random_ops.split(seed, batch_length + 2 * horizon)
         with tf.GradientTape() as tape:
-            wm_loss, metrics, (h, z) = losses.world_model_loss(
+            wm_loss, metrics, (h, z) = impl.world_model_loss(
                 model, batch, seeds[:batch_length], hp)
         metrics["grad_norm_world_model"], metrics["skipped_world_model"] = _step(
             optimizers[WORLD_MODEL], tape, wm_loss, wm_vars, hp.world_model_grad_clip)
@@ -74,8 +78,8 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
         start_cont = 1.0 - tf.reshape(
             tf.transpose(tf.cast(batch["is_terminal"], tf.float32)), [-1])
         with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
-            imagined = losses.imagine(model, start_h, start_z, horizon, seeds[batch_length:])
-            actor_loss, critic_loss, scale, ac_metrics = losses.actor_critic_losses(
+            imagined = impl.imagine(model, start_h, start_z, horizon, seeds[batch_length:])
+            actor_loss, critic_loss, scale, ac_metrics = impl.actor_critic_losses(
                 model, imagined, start_cont, hp)
         metrics.update(ac_metrics)
         metrics["grad_norm_critic"], metrics["skipped_critic"] = _step(

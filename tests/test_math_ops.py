@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 from rllib_dreamerv3 import math_ops
-from rllib_dreamerv3.networks import MASKED_LOGIT
 
 # Float32 error budget. The two-hot sums run over 255 bins in an order that depends on the
 # machine (SIMD width, oneDNN's and XLA's kernels): tolerances must hold for any order, so they
@@ -93,132 +92,51 @@ def test_two_hot_round_trip_through_logits(y):
     np.testing.assert_allclose(math_ops.two_hot_mean(logits, bins), y, rtol=1e-4, atol=1e-4)
 
 
-def _per_bin(grad, probs, scale=1.0):
-    """A two-hot gradient, `probs * v - labels`, divided by the bins' (float64) probabilities and
-    a row `scale`: its float32 error is then `v`'s (in bin units), not shrunk by small `probs`."""
-    return np.asarray(grad, np.float64) / (probs * scale)
-
-
-# The shift two_hot_stats subtracts before exponentiating: the default (the row maximum), the
-# row mean (the fast one the heads use), and shifts by which every row overflows or underflows,
-# which must fall back to the maximum (compiled: through XLA's conditional).
-SHIFTS = {"max": None, "mean": lambda x: tf.reduce_mean(x, -1),
-          "overflowing": lambda x: tf.reduce_mean(x, -1) - 200.0,
-          "underflowing": lambda x: tf.reduce_max(x, -1) + 200.0}
-
-
-@pytest.mark.parametrize("keep_exp", [False, True])
 @pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("shift", list(SHIFTS))
-def test_two_hot_stats_of_batched_logits_and_their_gradients(shift, compiled, keep_exp):
-    """The expected bin (matvecs with the bins) and the log-normaliser equal numpy's, and so do
-    their gradients, for every shift, with the gradient recomputing the exponentials or reusing
-    the forward pass's (`keep_exp`; after an overflowing shift, those of the fallback)."""
+def test_two_hot_mean_and_log_prob_of_batched_logits_and_their_gradients(compiled):
+    """`two_hot_mean` (softmax-weighted bins, in real space) and `two_hot_log_prob` (the two-hot
+    label's weighted log-softmax) equal numpy's float64, and so do their gradients."""
     bins = math_ops.two_hot_bins()
     logits = _normal([2, 3, 255], seed=4, scale=3.0)
+    targets = tf.constant([[0.5, -3.0, 1e9], [0.0, 7.5, -40.0]])
     b, p = bins.numpy().astype(np.float64), _float64_softmax(logits)
     expected = (p * b).sum(-1)
-    reference = np.sign(expected) * np.expm1(np.abs(expected))
-    lse_ref = np.log(np.exp(logits.numpy().astype(np.float64)).sum(-1))
-    d_lse_weight = np.linspace(0.5, 2.0, 6).reshape(2, 3).astype(np.float32)
+    labels = math_ops.two_hot(math_ops.symlog(targets), bins).numpy().astype(np.float64)
+    log_prob_ref = (labels * np.log(p)).sum(-1)
 
     def run(logits):
         with tf.GradientTape() as tape:
             tape.watch(logits)
-            given = None if SHIFTS[shift] is None else SHIFTS[shift](logits)
-            mean, lse = math_ops.two_hot_stats(logits, bins, given, keep_exp=keep_exp)
-            both = tf.reduce_sum(mean) + tf.reduce_sum(d_lse_weight * lse)
-        return mean, lse, tape.gradient(both, logits)
-
-    mean, lse, grad = (tf.function(run, jit_compile=True) if compiled else run)(logits)
-    assert mean.shape == (2, 3) and lse.shape == (2, 3)
-    np.testing.assert_allclose(mean.numpy(), reference, rtol=EXPECTED_ATOL, atol=EXPECTED_ATOL)
-    np.testing.assert_allclose(lse.numpy(), lse_ref, rtol=4 * EPS32, atol=LSE_ATOL)
-    # d mean / d logits = p * (bins - expected) * symexp'(expected), d lse / d logits = p. Per bin
-    # and over symexp' = exp|expected|: bins - expected + d_lse_weight / exp|expected|, off by
-    # expected's error, and by it again times |bins - expected| ≤ 40 through exp|expected|.
-    growth = np.exp(np.abs(expected))[..., None]
-    d_ref = p * (b - expected[..., None]) * growth + p * d_lse_weight[..., None]
-    np.testing.assert_allclose(_per_bin(grad, p, growth), _per_bin(d_ref, p, growth),
-                               rtol=PROB_RTOL, atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL)
-
-
-def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
-    """Weighted cross-entropies towards two two-hot labels equal the dense formula
-    `-sum(labels * log_softmax)`, and so does the gradient `S * softmax - labels`."""
-    bins = math_ops.two_hot_bins()
-    logits = _normal([4, 255], seed=5, scale=2.0)
-    targets = [tf.constant([0.5, -3.0, 1e9, 0.0]), tf.constant([2.0, 7.5, -40.0, -1e9])]
-    weights = [1.0, 0.3]
-    labels = sum(w * math_ops.two_hot(math_ops.symlog(t), bins).numpy()
-                 for t, w in zip(targets, weights))
-    p = _float64_softmax(logits)
-    scale = np.array([1.0, 2.0, 0.0, -1.0])
-    with tf.GradientTape() as tape:
-        tape.watch(logits)
-        _, lse = math_ops.two_hot_stats(logits, bins, tf.reduce_mean(logits, -1))
-        ce = math_ops.two_hot_cross_entropy(logits, lse, targets, weights, bins)
-        total = tf.reduce_sum(ce * tf.constant(scale, tf.float32))
-    # sum(weights) * lse minus the labels' logits (|logits| < 16, a few roundings each).
-    np.testing.assert_allclose(ce.numpy(), -(labels * np.log(p)).sum(-1), rtol=4 * EPS32,
-                               atol=sum(weights) * (LSE_ATOL + 64 * EPS32))
-    # Per bin: scale * (sum(weights) - labels / p), off by p's relative error times the first
-    # term (the labels are the same float32 numbers).
-    d_ref = scale[:, None] * (sum(weights) * p - labels)
-    np.testing.assert_allclose(_per_bin(tape.gradient(total, logits), p), _per_bin(d_ref, p),
-                               rtol=4 * EPS32, atol=2.0 * sum(weights) * PROB_RTOL)
-    with pytest.raises(ValueError, match="one weight per target"):
-        math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-def test_two_hot_functions_take_logits_with_masked_columns(compiled):
-    """Logits padded with masked columns (a head rounded up to 256 columns) give the unpadded
-    logits' mean, normaliser, cross-entropy and gradients, and no gradient in the masked columns;
-    logits narrower than the bins are an error."""
-    bins = math_ops.two_hot_bins()
-    assert math_ops.two_hot_masked_columns(255) == 1 and math_ops.two_hot_masked_columns(32) == 0
-    # The last real column, beside the masked one, gets probability (~0.1) that an off-by-one
-    # at the boundary would lose.
-    logits = _normal([6, 255], seed=6, scale=2.0) + tf.one_hot(254, 255) * 4.0
-    padded = tf.concat([logits, tf.fill([6, 1], MASKED_LOGIT)], -1)
-    targets = [tf.constant([0.5, -3.0, 1e9, 0.0, 2.0, -7.0])]
-
-    def run(logits):
-        with tf.GradientTape() as tape:
-            tape.watch(logits)
-            mean, lse = math_ops.two_hot_stats(logits, bins, tf.reduce_mean(logits[:, :255], -1))
-            ce = math_ops.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
+            mean = math_ops.two_hot_mean(logits, bins)
+            log_prob = math_ops.two_hot_log_prob(logits, targets, bins)
             # symlog(mean): the mean's gradient in symlog space, p * (bins - expected); a
             # function of the real-space mean (up to e^20) would magnify its rounding.
-            total = tf.reduce_sum(ce) + tf.reduce_sum(math_ops.symlog(mean))
-        return mean, lse, ce, tape.gradient(total, logits)
+            total = tf.reduce_sum(math_ops.symlog(mean)) + tf.reduce_sum(log_prob)
+        return mean, log_prob, tape.gradient(total, logits)
 
-    run = tf.function(run, jit_compile=True) if compiled else run
-    ours, reference = run(padded), run(logits)
-    # Both sides are float32 sums over the bins (of different widths, so in different orders):
-    # twice the error bounds. The cross-entropy is lse minus the same gathered logits.
-    np.testing.assert_allclose(ours[0], reference[0], rtol=2 * EXPECTED_ATOL,
-                               atol=2 * EXPECTED_ATOL)
-    for a, b in zip(ours[1:3], reference[1:3]):
-        np.testing.assert_allclose(a, b, rtol=4 * EPS32, atol=2 * LSE_ATOL)
-    # Per bin: 1 - labels / p + (bins - expected) * symlog'(mean) * symexp'(expected); the last
-    # factor is 1 up to twice expected's error, which |bins - expected| ≤ 40 multiplies.
-    p = _float64_softmax(logits)
-    np.testing.assert_allclose(_per_bin(ours[3][:, :255], p), _per_bin(reference[3], p),
-                               rtol=2 * PROB_RTOL, atol=2 * (1 + 4 * MAX_BIN) * EXPECTED_ATOL)
-    np.testing.assert_array_equal(ours[3][:, 255], 0.0)  # exactly: exp(-1e30 - lse) is 0
-    with pytest.raises(ValueError, match="254 columns for 255 bins"):
-        math_ops.two_hot_stats(logits[:, :254], bins)
+    mean, log_prob, grad = (tf.function(run, jit_compile=True) if compiled else run)(logits)
+    assert mean.shape == (2, 3) and log_prob.shape == (2, 3)
+    np.testing.assert_allclose(mean.numpy(), np.sign(expected) * np.expm1(np.abs(expected)),
+                               rtol=EXPECTED_ATOL, atol=EXPECTED_ATOL)
+    # lse's error, plus the label weights' (the same float32 numbers) sums of two entries.
+    np.testing.assert_allclose(log_prob.numpy(), log_prob_ref, rtol=4 * EPS32,
+                               atol=LSE_ATOL + 64 * EPS32)
+    # Per bin, divided by p: (bins - expected) + labels / p - 1, off by expected's error (in
+    # the first term) and by p's relative error (in the last), and the labels' term by its
+    # own rounding, relative to it.
+    d_ref = p * (b - expected[..., None]) + labels - p
+    np.testing.assert_allclose(np.asarray(grad, np.float64) / p, d_ref / p, rtol=PROB_RTOL,
+                               atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL + PROB_RTOL)
 
 
-def test_two_hot_loss_is_cross_entropy():
+def test_two_hot_log_prob_is_minus_the_cross_entropy():
     bins = tf.constant([-1.0, 0.0, 1.0])
     logits = tf.constant([0.0, 1.0, 2.0])
     target = math_ops.symexp(tf.constant(0.5))  # symlog(target) = 0.5: half on bins 1 and 2
     log_softmax = np.log(np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum())
     expected = -(0.5 * log_softmax[1] + 0.5 * log_softmax[2])
-    np.testing.assert_allclose(math_ops.two_hot_loss(logits, target, bins), expected, rtol=1e-5)
+    np.testing.assert_allclose(-math_ops.two_hot_log_prob(logits, target, bins), expected,
+                               rtol=1e-5)
 
 
 def test_unimix_probs():

@@ -1,4 +1,6 @@
-"""Networks and one update: shapes for every size, initial values, learning signal, compilation."""
+"""Networks and one update on the plain path (`fast_kernels=False`): shapes for every size,
+initial values, learning signal, compilation. (The fast path against this one:
+tests/test_kernels.py.)"""
 
 from types import SimpleNamespace
 
@@ -6,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rllib_dreamerv3 import losses, random_ops, world_model
+from rllib_dreamerv3 import losses, math_ops, random_ops
 from rllib_dreamerv3.config import HYPERPARAMETERS
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
-from rllib_dreamerv3.networks import MASKED_LOGIT, set_matmul_dtype
+from rllib_dreamerv3.networks import set_matmul_dtype
 from rllib_dreamerv3.tf_rllib import make_adam
 from rllib_dreamerv3.update import batch_signature, make_update_fn
 
@@ -38,10 +40,10 @@ def _perturb(variables, seed, scale):
         variable.assign_add(rng.normal(size=variable.shape).astype(np.float32) * scale)
 
 
-# Two code paths through the model (XLA vs eager, latent classes vs one-hot matmuls, fused vs
-# step by step) sum in different orders: a layer's sums of n ≲ 300 terms round ~sqrt(n)·eps ≈
-# 1e-6 of its outputs' scale apart, over ≲ 30 layers along a recurrence: ≲ 3e-5 of an array's
-# largest entry, which entries that cancel to near 0 need as atol. Rtols stay per test.
+# Two code paths through the model (XLA vs eager, a loop vs single steps) sum in different
+# orders: a layer's sums of n ≲ 300 terms round ~sqrt(n)·eps ≈ 1e-6 of its outputs' scale
+# apart, over ≲ 30 layers along a recurrence: ≲ 3e-5 of an array's largest entry, which
+# entries that cancel to near 0 need as atol. Rtols stay per test.
 SCALE_RTOL = 1e-4
 
 
@@ -69,7 +71,8 @@ def _assert_close_in_scale(actual, desired, rtol, scale_rtol, err_msg=""):
 
 def hparams(**overrides):
     values = {name: default for name, (default, _) in HYPERPARAMETERS.items()}
-    values.update(gamma=1 - 1 / 333, horizon_H=5, batch_size_B=B, batch_length_T=T)
+    values.update(gamma=1 - 1 / 333, horizon_H=5, batch_size_B=B, batch_length_T=T,
+                  fast_kernels=False)
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -120,11 +123,8 @@ def test_output_shapes_for_every_size(size):
     feat = tf.concat([h, z], -1)
     wm = model.world_model
     assert wm.decoder(feat).shape == (n, 5)
-    # The two-hot heads' networks round 255 bins up to 256 columns, the last one masked.
-    reward_logits = wm.reward_head(feat)
-    assert reward_logits.shape == (n, 256)
-    np.testing.assert_array_equal(reward_logits[:, 255], np.float32(MASKED_LOGIT))
-    assert model.critic.mlp(feat).shape == (n, 256)
+    assert wm.reward_head(feat).shape == (n, 255)  # one logit per bin
+    assert model.critic.mlp(feat).shape == (n, 255)
     assert wm.continue_logit(feat).shape == (n,)
     assert model.critic(feat).shape == (n, 255)
 
@@ -170,12 +170,10 @@ def test_reset_on_is_first_restores_initial_state():
     np.testing.assert_allclose(a_r, [[0, 0], [1, 1]])
 
 
-@pytest.mark.parametrize("by_index", [False, True])
-def test_observe_matches_a_loop_of_observe_steps(by_index, monkeypatch):
-    """`observe` (embedding's posterior share and the prior outside the recurrence; with
-    `by_index`, the latent entering the dynamics by its classes) gives the same states and
-    logits as the one-step path the policy uses, with resets mid-sequence."""
-    monkeypatch.setattr(world_model, "OBSERVE_BY_INDEX_MIN_FEATURES", 0 if by_index else 10**9)
+def test_observe_matches_a_loop_of_observe_steps():
+    """`observe` (a `tf.scan` of the posterior steps, the prior on all states after it) gives
+    the same states and logits as the one-step path the policy uses, with resets
+    mid-sequence."""
     model, _ = build("micro")
     wm = model.world_model
     batch = make_batch(3)
@@ -185,60 +183,21 @@ def test_observe_matches_a_loop_of_observe_steps(by_index, monkeypatch):
     is_first = losses.time_major(batch["is_first"])
     seeds = random_ops.split(tf.constant([5, 6]), T)
     h, z, post, prior = wm.observe(embed, prev_actions, is_first, seeds)
+    assert h.shape == (T, B, 32) and z.shape == (T, B, 64) and post.shape == (T, B, 8, 8)
     h_t, z_t = wm.initial_state(B)
     for t in range(T):
-        h_t, z_t, post_t, prior_t = wm.observe_step(h_t, z_t, prev_actions[t], embed[t],
-                                                    is_first[t], seeds[t])
+        h_t, z_t, post_t = wm.observe_step(h_t, z_t, prev_actions[t], embed[t], is_first[t],
+                                           seeds[t])
+        prior_t = wm.prior_logits(h_t)
         for ours, ref in [(h[t], h_t), (z[t], z_t), (post[t], post_t), (prior[t], prior_t)]:
             _assert_close_in_scale(ours, ref, 1e-4, SCALE_RTOL)
 
 
-def test_observe_by_latent_classes_has_the_one_hot_paths_gradients(monkeypatch):
-    """Compiled, the observe loop feeding the latent by its classes (row sums with the one-hot
-    matmul's gradients, in the loop) gives the one-hot path's values and gradients."""
-    model, _ = build("micro")
-    wm = model.world_model
-    batch = make_batch(4)
-    obs = losses.time_major(batch["obs"])
-    actions = losses.time_major(batch["actions"])
-    prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
-    is_first = losses.time_major(batch["is_first"])
-    seeds = random_ops.split(tf.constant([7, 8]), T)
-    variables = wm.trainable_variables
-
-    def run(threshold):
-        monkeypatch.setattr(world_model, "OBSERVE_BY_INDEX_MIN_FEATURES", threshold)
-
-        @tf.function(jit_compile=True, autograph=False)
-        def fn():
-            with tf.GradientTape() as tape:
-                outputs = wm.observe(wm.encoder(obs), prev_actions, is_first, seeds)
-                loss = tf.add_n([tf.reduce_sum(tf.sin(x)) for x in outputs])
-            return outputs, tape.gradient(loss, variables)
-
-        return fn()
-
-    (ours, our_grads), (ref, ref_grads) = run(0), run(10**9)
-    for a, b in zip(ours, ref):
-        _assert_close_in_scale(a, b, 1e-4, SCALE_RTOL)
-    checked = 0
-    for var, a, b in zip(variables, our_grads, ref_grads):
-        assert (a is None) == (b is None), var.name
-        if a is not None:
-            _assert_close_in_scale(a, b, 1e-3, SCALE_RTOL, err_msg=var.name)
-            checked += 1
-    kernel = next(i for i, var in enumerate(variables) if var is wm.gru_input.dense.w)
-    assert checked > 10 and np.abs(our_grads[kernel].numpy()).max() > 0
-
-
 @pytest.mark.parametrize("discrete", [True, False])
 def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
-    """The critic loss (one log-softmax for both of its targets and the values, on all H + 1
-    states with the last weighted 0) and the returns (heads run on the imagined states only)
-    equal the SPEC's terms computed one by one on all states: values, and the critic loss's
-    gradient w.r.t. the critic's variables."""
-    from rllib_dreamerv3 import math_ops
-
+    """The critic loss and the returns (heads run on the imagined states only) equal the
+    SPEC's terms computed one by one on all states: values, and the critic loss's gradient
+    w.r.t. the critic's variables."""
     model, _ = build("nano", discrete=discrete)
     wm, critic = model.world_model, model.critic
     _perturb([wm.reward_head.out.w, *wm.continue_head.variables, critic.mlp.out.w,
@@ -251,8 +210,6 @@ def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
     start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
     with tf.GradientTape(persistent=True) as tape:
         _, critic_loss, _, metrics = losses.actor_critic_losses(model, imagined, start_cont, hp)
-        # The classes imagine() returns are those of its one-hot latents.
-        np.testing.assert_array_equal(imagined.z_index, wm.z_index(imagined.z))
         feat = tf.stop_gradient(imagined.feat)
         assert feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
 
@@ -263,15 +220,16 @@ def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
         weights = math_ops.trajectory_weights(cont, hp.gamma)
         logits = critic(feat[:-1])
         reference = tf.reduce_mean(weights * (
-            math_ops.two_hot_loss(logits, tf.stop_gradient(returns), critic.bins)
-            + hp.critic_ema_regularizer * math_ops.two_hot_loss(
+            -math_ops.two_hot_log_prob(logits, tf.stop_gradient(returns), critic.bins)
+            - hp.critic_ema_regularizer * math_ops.two_hot_log_prob(
                 logits, model.critic_ema.value(feat[:-1]), critic.bins)))
     assert abs(float(tf.reduce_mean(returns))) > 1e-3  # the reward head is not zero
     # Rewards and values: two-hot means over 255 bins, on batches of other sizes (other sum
     # orders): ~sqrt(255)·eps·20·p_max ≲ 1e-6 apart in symlog space, over ≤ 5 steps.
     np.testing.assert_allclose(metrics["imagined_return_mean"], tf.reduce_mean(returns),
                                rtol=1e-5, atol=2e-6)
-    # Cross-entropies ≈ 5.5 whose log-normalisers (other shifts) differ by ≤ 2·255·eps ≈ 3e-5.
+    # Cross-entropies ≈ 5.5: the same log-softmaxes on batches of other sizes, ≤ 2·255·eps ≈
+    # 3e-5 apart.
     np.testing.assert_allclose(critic_loss, reference, rtol=1e-5)
     ours = tape.gradient(critic_loss, critic.trainable_variables)
     theirs = tape.gradient(reference, critic.trainable_variables)
@@ -296,8 +254,8 @@ def test_the_actor_acts_on_imagined_states_without_their_gradient():
         feat_2 = tf.stop_gradient(tf.concat([imagined.h[2], imagined.z[2]], -1))
         direct = actor.dist(feat_2)[0]
         state_2 = tf.reduce_sum(tf.sin(imagined.h[2]))
-    # The same layers on the same values (with kernels read once in imagination): a few
-    # roundings of outputs ≲ 1 apart.
+    # The same layers on the same values (batched differently): a few roundings of outputs
+    # ≲ 1 apart.
     np.testing.assert_allclose(mean_at_2, direct, rtol=1e-5, atol=1e-6)
     for a, b in zip(tape.gradient(mean_at_2, actor.trainable_variables),
                     tape.gradient(direct, actor.trainable_variables)):
@@ -318,13 +276,13 @@ def test_world_model_loss_terms_at_init():
     assert h.shape == (T, B, 16) and z.shape == (T, B, 16)
 
 
-def test_other_bin_counts_pad_their_heads_with_masked_columns_that_take_no_probability():
-    """41 bins: the heads' networks are 48 wide (7 masked columns); the zero-initialised reward
-    head is uniform over the 41 bins only (log 41, not log 48), and one compiled update runs."""
+def test_other_bin_counts_give_heads_of_that_many_bins():
+    """41 bins: the heads have 41 logits; the zero-initialised reward head is uniform over them
+    (log 41), and one compiled update runs."""
     model = DreamerV3Model(3, 2, True, get_model_size("nano"), num_bins=41)
     feat = _normal([5, model.world_model.feat_dim], seed=0)
-    assert model.critic(feat).shape == (5, 41) and model.critic.mlp(feat).shape == (5, 48)
-    assert model.world_model.reward_head(feat).shape == (5, 48)
+    assert model.critic(feat).shape == (5, 41) and model.critic.mlp(feat).shape == (5, 41)
+    assert model.world_model.reward_head(feat).shape == (5, 41)
     _, metrics, _ = losses.world_model_loss(
         model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
     np.testing.assert_allclose(metrics["L_reward"], np.log(41.0), rtol=1e-5)
@@ -428,61 +386,3 @@ def test_bfloat16_matmuls_stay_close_to_float32():
     f32, bf16 = losses_by_dtype[tf.float32], losses_by_dtype[tf.bfloat16]
     assert f32 != bf16  # the matmuls really ran in bfloat16 ...
     assert bf16 == pytest.approx(f32, rel=0.05)  # ... with bfloat16's ~3 significant digits
-
-
-def test_sequence_step_with_latent_classes_equals_the_one_hot_step():
-    model, _ = build("micro")
-    wm = model.world_model
-    h = _normal([5, wm.size.gru_units], seed=1)
-    z = wm.sample_z(_normal([5, *wm.stoch_shape], seed=2), tf.constant([3, 4]))
-    action = tf.one_hot([0, 1, 1, 0, 1], 2)
-    # The one-hot matmul's non-zero products, summed in another order with the rest of the
-    # input layer (|x·w| ≲ 1, ≲ 64 terms: ≈ 64·eps·0.3 ≈ 1e-6), through a GRU step (gain ≲ 1).
-    np.testing.assert_allclose(wm.sequence_step(h, z, action, wm.z_index(z)).numpy(),
-                               wm.sequence_step(h, z, action).numpy(), rtol=1e-5, atol=2e-6)
-
-
-@pytest.mark.parametrize("discrete", [True, False])
-def test_latent_class_heads_give_the_dense_losses_and_gradients(discrete, monkeypatch):
-    """Imagination and actor-critic losses with the latents as class indices (kernel-row sums,
-    WorldModel.head and sequence_step) equal the plain one-hot matmuls: losses and the actor's
-    and critic's gradients (continuous actions backpropagate through the dynamics)."""
-    from rllib_dreamerv3.world_model import WorldModel
-
-    model, _ = build("nano", discrete=discrete)
-    wm, hp = model.world_model, hparams()
-    for variable in (wm.reward_head.out.w, model.critic.mlp.out.w):  # non-zero outputs
-        variable.assign(tf.zeros_like(variable))
-    _perturb([wm.reward_head.out.w, model.critic.mlp.out.w], seed=5, scale=0.3)
-    h = _normal([6, wm.size.gru_units], seed=8)
-    z = wm.sample_z(_normal([6, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
-    seeds = random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H)
-    start_cont = tf.ones([6])
-    sources = model.actor.trainable_variables + model.critic.trainable_variables
-
-    def losses_and_grads():
-        with tf.GradientTape(persistent=True) as tape:
-            imagined = losses.imagine(model, h, z, hp.horizon_H, seeds)
-            actor_loss, critic_loss, _, _ = losses.actor_critic_losses(
-                model, imagined, start_cont, hp)
-        grads = (tape.gradient(actor_loss, model.actor.trainable_variables)
-                 + tape.gradient(critic_loss, model.critic.trainable_variables))
-        return [actor_loss, critic_loss], grads
-
-    ours = losses_and_grads()
-    head, step = WorldModel.head, WorldModel.sequence_step
-    def dense_head(self, mlp, h, z_index, z=None, with_mean=False):
-        feat = tf.concat([h, tf.reshape(tf.one_hot(z_index, self.size.num_classes),
-                                        [*z_index.shape[:-1], self.stoch_dim])
-                          if z is None else z], -1)
-        return mlp.with_mean_output(feat) if with_mean else mlp(feat)
-
-    monkeypatch.setattr(WorldModel, "head", dense_head)
-    monkeypatch.setattr(WorldModel, "sequence_step",
-                        lambda self, h, z, action, z_index=None: step(self, h, z, action))
-    dense = losses_and_grads()
-    assert (WorldModel.head, WorldModel.sequence_step) != (head, step)
-    np.testing.assert_allclose(ours[0], dense[0], rtol=1e-4, atol=1e-6)  # ~1e-6 relative apart
-    assert len(ours[1]) == len(sources)
-    for g_ours, g_dense in zip(ours[1], dense[1]):
-        _assert_close_in_scale(g_ours, g_dense, 2e-3, SCALE_RTOL)
