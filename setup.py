@@ -8,6 +8,7 @@ setup(
     description="DreamerV3 (TensorFlow 2) for Ray RLlib's new API stack",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     packages=find_packages(include=["rllib_dreamerv3", "rllib_dreamerv3.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -23,7 +24,7 @@ setup(
         "tensorboardX",  # Ray Tune writes TensorBoard logs only with it
         "pillow>=10",  # tensorboardX encodes images (the dreams) with it
     ],
-    extras_require={"test": ["pytest>=8"], "video": ["moviepy"],
+    extras_require={"test": ["pytest>=8", "ruff==0.17.6"], "video": ["moviepy"],
                     # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
                     "bench": ["torch==2.13.0"]},
     # Ray 2.60 ships no `rllib` command; `rllib-dreamerv3` is the same program under a name no
