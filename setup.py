@@ -24,11 +24,18 @@ setup(
         "tensorboardX",  # Ray Tune writes TensorBoard logs only with it
         "pillow>=10",  # tensorboardX encodes images (the dreams) with it
     ],
-    extras_require={"test": ["pytest>=8", "ruff==0.17.6"], "video": ["moviepy"],
-                    # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
-                    "bench": ["torch==2.13.0"]},
+    extras_require={
+        "test": ["pytest>=8", "ruff==0.17.6"],
+        "video": ["moviepy"],
+        # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
+        "bench": ["torch==2.13.0"],
+    },
     # Ray 2.60 ships no `rllib` command; `rllib-dreamerv3` is the same program under a name no
     # other package claims (the CLI warns when another installed package declares `rllib`).
-    entry_points={"console_scripts": ["rllib = rllib_dreamerv3.cli:main",
-                                      "rllib-dreamerv3 = rllib_dreamerv3.cli:main"]},
+    entry_points={
+        "console_scripts": [
+            "rllib = rllib_dreamerv3.cli:main",
+            "rllib-dreamerv3 = rllib_dreamerv3.cli:main",
+        ]
+    },
 )

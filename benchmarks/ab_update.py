@@ -23,6 +23,7 @@ kernels, i.e. `fast_kernels=False` against the default)::
 
     # python benchmarks/ab_update.py XS --variant plain=patch.py:plain
 """
+
 import argparse
 import importlib
 import importlib.util
@@ -40,8 +41,10 @@ def load_patch(spec):
     name, sep, target = spec.partition("=")
     where, sep2, func = target.rpartition(":")
     if not (sep and sep2 and name and where and func) or name == "base":
-        raise ValueError(f"--variant {spec!r}: expected NAME=FILE.py:FUNCTION or "
-                         "NAME=package.module:FUNCTION, with NAME other than 'base'.")
+        raise ValueError(
+            f"--variant {spec!r}: expected NAME=FILE.py:FUNCTION or "
+            "NAME=package.module:FUNCTION, with NAME other than 'base'."
+        )
     if where.endswith(".py"):
         if not os.path.exists(where):
             raise ValueError(f"--variant {spec!r}: no file {where!r}.")
@@ -72,10 +75,14 @@ def interleaved(steps, rounds, per_round, clock=time.perf_counter):
 
 def summarize(times, base="base"):
     """`{"median_of_rounds": {name: s}, "rounds_faster_than_base": {name: count}}`."""
-    return {"median_of_rounds": {name: round(float(np.median(t)), 4)
-                                 for name, t in times.items()},
-            "rounds_faster_than_base": {name: sum(a < b for a, b in zip(t, times[base]))
-                                        for name, t in times.items() if name != base}}
+    return {
+        "median_of_rounds": {name: round(float(np.median(t)), 4) for name, t in times.items()},
+        "rounds_faster_than_base": {
+            name: sum(a < b for a, b in zip(t, times[base]))
+            for name, t in times.items()
+            if name != base
+        },
+    }
 
 
 def build_step(size, inputs, actions):
@@ -90,17 +97,29 @@ def build_step(size, inputs, actions):
 
     spaces = make_spaces(inputs, actions, argparse.Namespace(obs_dim=4, num_actions=2))
     obs_space, action_space = spaces[0], spaces[2]
-    config = (DreamerV3Config().environment(observation_space=obs_space,
-                                            action_space=action_space)
-              .training(model_size=size))
+    config = (
+        DreamerV3Config()
+        .environment(observation_space=obs_space, action_space=action_space)
+        .training(model_size=size)
+    )
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
-    signature = batch_signature(obs_space.shape, tf.as_dtype(obs_storage_dtype(obs_space)),
-                                action_dim(action_space), config.batch_size_B,
-                                config.batch_length_T)
+    signature = batch_signature(
+        obs_space.shape,
+        tf.as_dtype(obs_storage_dtype(obs_space)),
+        action_dim(action_space),
+        config.batch_size_B,
+        config.batch_length_T,
+    )
     rng = np.random.default_rng(0)
-    batches = [{key: tf.constant(value, signature[key].dtype) for key, value in random_batch(
-        rng, config.batch_size_B, config.batch_length_T, inputs, action_space, 4).items()}
-        for _ in range(2)]
+    batches = [
+        {
+            key: tf.constant(value, signature[key].dtype)
+            for key, value in random_batch(
+                rng, config.batch_size_B, config.batch_length_T, inputs, action_space, 4
+            ).items()
+        }
+        for _ in range(2)
+    ]
     seed = tf.constant([0, 1], tf.int32)
     update_fn = learner._update_fn  # the bare compiled update (no RLlib plumbing)
     calls = [0]
@@ -137,8 +156,13 @@ def main(argv=None):
             if undo is not None:
                 undo()
         print(f"[ab_update] built {name}", file=sys.stderr, flush=True)
-    result = {"size": args.size, "inputs": args.inputs, "actions": args.actions,
-              "rounds": args.rounds, "per_round": args.per_round}
+    result = {
+        "size": args.size,
+        "inputs": args.inputs,
+        "actions": args.actions,
+        "rounds": args.rounds,
+        "per_round": args.per_round,
+    }
     result.update(summarize(interleaved(steps, args.rounds, args.per_round)))
     print(json.dumps(result), flush=True)
 

@@ -27,8 +27,10 @@ _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRUE_FALSE = re.compile(r"\b(?:true|false)_computation=%?([\w.\-]+)")  # a predicated conditional
 _TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _INDUCTION = re.compile(r'"known_induction_variable"\s*:\s*\{\s*"tuple_index"\s*:\s*"(\d+)"')
-_INIT_STEP = re.compile(r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,'
-                        r'\s*"step"\s*:\s*"(-?\d+)"')
+_INIT_STEP = re.compile(
+    r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,'
+    r'\s*"step"\s*:\s*"(-?\d+)"'
+)
 
 
 @dataclass
@@ -88,7 +90,7 @@ def _parse_instruction(line):
         return None
     opcode = m.group(1)
     close = _split_balanced(rest, m.end() - 1)
-    args = rest[m.end():close - 1]
+    args = rest[m.end() : close - 1]
     operands = re.findall(r"%([\w.\-]+)", args)
     return Instruction(name, shape, opcode, operands, rest[close:], args)
 
@@ -147,8 +149,7 @@ def _window(attrs):
     size = [int(s) for s in fields["size"].split("x")] if "size" in fields else []
 
     def per_dim(key, default):
-        return ([v for v in fields[key].split("x")] if key in fields
-                else [default] * len(size))
+        return [v for v in fields[key].split("x")] if key in fields else [default] * len(size)
 
     stride = [int(s) for s in per_dim("stride", "1")]
     pad = [tuple(int(p) for p in s.split("_")) for s in per_dim("pad", "0_0")]
@@ -180,9 +181,15 @@ def convolution_flops(instr, comp):
     taps = 1
     for d in range(len(size)):
         spatial = str(d)
-        taps *= _valid_taps(lhs[lhs_labels.index(spatial)], out[out_labels.index(spatial)],
-                            rhs[rhs_labels.index(spatial)], stride[d], pad[d][0],
-                            lhs_dilate[d], rhs_dilate[d])
+        taps *= _valid_taps(
+            lhs[lhs_labels.index(spatial)],
+            out[out_labels.index(spatial)],
+            rhs[rhs_labels.index(spatial)],
+            stride[d],
+            pad[d][0],
+            lhs_dilate[d],
+            rhs_dilate[d],
+        )
     batch = out[out_labels.index("b")]
     out_features = out[out_labels.index("f")]
     in_features_per_group = rhs[rhs_labels.index("i")]
@@ -313,8 +320,11 @@ class _Counter:
                         total[kind] += trip * value
             elif instr.opcode == "conditional":  # the costliest branch: an upper bound
                 indexed = _BRANCHES.search(instr.attrs)
-                branches = (re.findall(r"%?([\w.\-]+)", indexed.group(1)) if indexed
-                            else _TRUE_FALSE.findall(instr.attrs))
+                branches = (
+                    re.findall(r"%?([\w.\-]+)", indexed.group(1))
+                    if indexed
+                    else _TRUE_FALSE.findall(instr.attrs)
+                )
                 costs = [self.flops(b) for b in branches]
                 worst = max(costs, key=lambda c: sum(c.values()))
                 for kind, value in worst.items():

@@ -73,13 +73,14 @@ def _aliases(hlo_text):
     return [(int(o), int(p)) for o, p in _ALIAS.findall(section)]
 
 
-def export_setting(size, inputs, actions, precision, out_dir, exact=False, count_flops=False,
-                   seed=0):
+def export_setting(
+    size, inputs, actions, precision, out_dir, exact=False, count_flops=False, seed=0
+):
     """Write one setting's HLO module, parameters and metadata; returns the metadata."""
     import tensorflow as tf
+    import update_speed as us
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    import update_speed as us
     from rllib_dreamerv3 import DreamerV3Config
     from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
     from rllib_dreamerv3.update import batch_signature
@@ -87,14 +88,17 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
     name = f"{size}-{inputs}-{actions}-{precision}"
     shape_args = argparse.Namespace(obs_dim=4, num_actions=2)
     obs_space, _, action_space = us.make_spaces(inputs, actions, shape_args)
-    config = (DreamerV3Config()
-              .environment(observation_space=obs_space, action_space=action_space)
-              .training(model_size=size, precision=precision))
+    config = (
+        DreamerV3Config()
+        .environment(observation_space=obs_space, action_space=action_space)
+        .training(model_size=size, precision=precision)
+    )
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
     update_fn = learner._update_fn  # the compiled update (no public handle: benchmark only)
     B, T = config.batch_size_B, config.batch_length_T
-    signature = batch_signature(obs_space.shape, tf.as_dtype(obs_storage_dtype(obs_space)),
-                                action_dim(action_space), B, T)
+    signature = batch_signature(
+        obs_space.shape, tf.as_dtype(obs_storage_dtype(obs_space)), action_dim(action_space), B, T
+    )
     batch = us.random_batch(np.random.default_rng(seed), B, T, inputs, action_space, 4)
     inputs_tf = {key: tf.constant(batch[key], spec.dtype) for key, spec in signature.items()}
     seed_tf = tf.constant([0, 1], tf.int32)
@@ -110,21 +114,30 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
     flat = [t.numpy() for t in tf.nest.flatten([inputs_tf, seed_tf])]
     values = list(flat)
     for captured in concrete.captured_inputs:
-        values.append(variables[_variable_key(captured)].numpy()
-                      if captured.dtype == tf.resource else captured.numpy())
+        values.append(
+            variables[_variable_key(captured)].numpy()
+            if captured.dtype == tf.resource
+            else captured.numpy()
+        )
     entry = re.search(r"^ENTRY .*$", hlo_text, re.MULTILINE).group(0)
     num_hlo_params = len(re.findall(r"\barg\d+(?:\.\d+)?: ", entry.split(") -> ", 1)[0]))
     if num_hlo_params != len(values):  # the order (arguments, then captures) is TF's, unchecked
-        raise RuntimeError(f"{name}: the HLO module takes {num_hlo_params} parameters, but the "
-                           f"function has {len(values)} inputs and captures")
+        raise RuntimeError(
+            f"{name}: the HLO module takes {num_hlo_params} parameters, but the "
+            f"function has {len(values)} inputs and captures"
+        )
 
     params, exact_values = [], {}
     for i, value in enumerate(values):
         entry = {"shape": list(value.shape), "dtype": value.dtype.name}
         if value.dtype == np.uint8 and value.size > EXACT_MAX_ELEMENTS and not exact:
             entry.update(exact=False, uniform_uint8=True)  # image observations: re-drawn
-        elif i < len(flat) or exact or value.size <= EXACT_MAX_ELEMENTS \
-                or value.dtype.kind not in "f":
+        elif (
+            i < len(flat)
+            or exact
+            or value.size <= EXACT_MAX_ELEMENTS
+            or value.dtype.kind not in "f"
+        ):
             entry["exact"] = True
             exact_values[f"p{i}"] = value
         else:
@@ -135,6 +148,7 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
     flops = {}
     if count_flops:  # matmul + convolution FLOPs from XLA:CPU's optimized HLO (compiles once)
         from flops import compiled_flops
+
         count = compiled_flops(update_fn, inputs_tf, seed_tf)
         flops = {"flops": count.total, "flops_exact": count.exact}
     metric_names = sorted(concrete.structured_outputs)
@@ -143,14 +157,29 @@ def export_setting(size, inputs, actions, precision, out_dir, exact=False, count
         metrics = update_fn(inputs_tf, seed_tf)
         tf_metrics = {k: float(metrics[k].numpy()) for k in metric_names}
     meta = {
-        "name": name, "size": size, "inputs": inputs, "actions": actions,
-        "precision": precision, "B": B, "T": T, "H": config.horizon_H,
-        "num_batch_params": len(flat), "params": params, "aliases": _aliases(hlo_text),
+        "name": name,
+        "size": size,
+        "inputs": inputs,
+        "actions": actions,
+        "precision": precision,
+        "B": B,
+        "T": T,
+        "H": config.horizon_H,
+        "num_batch_params": len(flat),
+        "params": params,
+        "aliases": _aliases(hlo_text),
         "metric_names": metric_names,
         "tf_metrics": tf_metrics,
-        "num_parameters": int(sum(v.shape.num_elements() for v in learner.module[DEFAULT_MODULE_ID]
-                                  .model.trainable_variables)),
-        "exact": exact, "tf_version": tf.__version__, "lower_s": round(lower_s, 2), **flops,
+        "num_parameters": int(
+            sum(
+                v.shape.num_elements()
+                for v in learner.module[DEFAULT_MODULE_ID].model.trainable_variables
+            )
+        ),
+        "exact": exact,
+        "tf_version": tf.__version__,
+        "lower_s": round(lower_s, 2),
+        **flops,
     }
     with gzip.open(os.path.join(out_dir, f"{name}.hlo.pb.gz"), "wb", compresslevel=6) as f:
         f.write(proto)
@@ -170,10 +199,19 @@ def export_main(args):
         for size in args.sizes:
             for actions in args.actions:
                 for precision in args.precisions:
-                    meta = export_setting(size, inputs, actions, precision, args.out,
-                                          exact=args.exact, count_flops=args.count_flops)
-                    log(f"exported {meta['name']}: {meta['num_parameters']:,} parameters, "
-                        f"{len(meta['params'])} HLO parameters, lowered in {meta['lower_s']} s")
+                    meta = export_setting(
+                        size,
+                        inputs,
+                        actions,
+                        precision,
+                        args.out,
+                        exact=args.exact,
+                        count_flops=args.count_flops,
+                    )
+                    log(
+                        f"exported {meta['name']}: {meta['num_parameters']:,} parameters, "
+                        f"{len(meta['params'])} HLO parameters, lowered in {meta['lower_s']} s"
+                    )
 
 
 # --- replay (jaxlib only) -------------------------------------------------------------------------
@@ -204,8 +242,9 @@ def _host_params(meta, exact, rng):
     return values
 
 
-_MHLO_COPY = re.compile(r"^(\s*%[\w#:]+ = )mhlo\.copy (%[\w#]+)(?: \{[^}]*\})? : (.+)$",
-                        re.MULTILINE)
+_MHLO_COPY = re.compile(
+    r"^(\s*%[\w#:]+ = )mhlo\.copy (%[\w#]+)(?: \{[^}]*\})? : (.+)$", re.MULTILINE
+)
 
 
 def _without_mhlo_copies(bytecode):
@@ -236,7 +275,8 @@ def _compile(proto, device):
     client = device.client
     if hasattr(client, "compile_and_load"):
         return client.compile_and_load(
-            mlir, executable_devices=xc.DeviceList((device,)), compile_options=options)
+            mlir, executable_devices=xc.DeviceList((device,)), compile_options=options
+        )
     return client.compile(mlir, compile_options=options)  # jaxlib < 0.6
 
 
@@ -257,9 +297,11 @@ def matmul_peaks(n=8192, reps=10):
     import jax.numpy as jnp
 
     peaks = {}
-    for label, dtype, precision in (("float32_highest", jnp.float32, "highest"),
-                                    ("float32_default", jnp.float32, "default"),
-                                    ("bfloat16", jnp.bfloat16, "default")):
+    for label, dtype, precision in (
+        ("float32_highest", jnp.float32, "highest"),
+        ("float32_default", jnp.float32, "default"),
+        ("bfloat16", jnp.bfloat16, "default"),
+    ):
         a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
         b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
         matmul = jax.jit(lambda x, y, p=precision: jnp.matmul(x, y, precision=p))
@@ -302,8 +344,7 @@ def summarize_trace(trace_dir, wall_s, top=25):
         if not plane.name.startswith("/device:"):
             continue
         lines = {line.name: list(line.events) for line in plane.lines}
-        kernels = [e for name, events in lines.items() if name.startswith("Stream")
-                   for e in events]
+        kernels = [e for name, events in lines.items() if name.startswith("Stream") for e in events]
         ops = lines.get("XLA Ops") or kernels
         by_name = {}
         for event in ops:
@@ -319,8 +360,7 @@ def summarize_trace(trace_dir, wall_s, top=25):
     return summary
 
 
-def replay_setting(executable, meta, exact, device, updates, check, profile=0,
-                   trace_dir=None):
+def replay_setting(executable, meta, exact, device, updates, check, profile=0, trace_dir=None):
     import jax
 
     values = _host_params(meta, exact, np.random.default_rng(0))
@@ -328,8 +368,7 @@ def replay_setting(executable, meta, exact, device, updates, check, profile=0,
     aliases = meta["aliases"]
 
     def read_metrics(outputs):  # the module's first outputs, in metric_names' order
-        return {name: float(np.asarray(outputs[i])) for i, name in
-                enumerate(meta["metric_names"])}
+        return {name: float(np.asarray(outputs[i])) for i, name in enumerate(meta["metric_names"])}
 
     def call(current):
         outputs = executable.execute(current)
@@ -353,10 +392,12 @@ def replay_setting(executable, meta, exact, device, updates, check, profile=0,
         outputs, args = call(args)
         times.append(time.perf_counter() - start)
     metrics = read_metrics(outputs)
-    result.update(s_per_update=round(float(np.median(times)), 5),
-                  min_s=round(min(times), 5),
-                  L_world_model=metrics.get("L_world_model"),
-                  finite=bool(all(np.isfinite(v) for v in metrics.values())))
+    result.update(
+        s_per_update=round(float(np.median(times)), 5),
+        min_s=round(min(times), 5),
+        L_world_model=metrics.get("L_world_model"),
+        finite=bool(all(np.isfinite(v) for v in metrics.values())),
+    )
     if profile:
         jax.profiler.start_trace(trace_dir)
         start = time.perf_counter()
@@ -364,8 +405,11 @@ def replay_setting(executable, meta, exact, device, updates, check, profile=0,
             _, args = call(args)
         wall_s = time.perf_counter() - start
         jax.profiler.stop_trace()
-        result["profile"] = {"updates": profile, "wall_s": round(wall_s, 4),
-                             **summarize_trace(trace_dir, wall_s)}
+        result["profile"] = {
+            "updates": profile,
+            "wall_s": round(wall_s, 4),
+            **summarize_trace(trace_dir, wall_s),
+        }
     return result
 
 
@@ -373,9 +417,10 @@ def replay_main(args):
     from concurrent.futures import ThreadPoolExecutor
 
     import jax
+
     jax.config.update("jax_enable_x64", True)  # the modules take int64 step counters
 
-    names = sorted(f[:-len(".json")] for f in os.listdir(args.dir) if f.endswith(".json"))
+    names = sorted(f[: -len(".json")] for f in os.listdir(args.dir) if f.endswith(".json"))
     if args.only:
         names = [n for n in names if any(part in n for part in args.only)]
     order = {"S": 0, "M": 1, "L": 2, "XL": 3}
@@ -383,8 +428,12 @@ def replay_main(args):
     if not names:
         raise SystemExit(f"no exported modules (*.json) in {args.dir!r}: run `export` first")
     device = jax.devices()[0]
-    header = {"device": getattr(device, "device_kind", str(device)), "platform": device.platform,
-              "jax": jax.__version__, "settings": names}
+    header = {
+        "device": getattr(device, "device_kind", str(device)),
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "settings": names,
+    }
     emit(header, args.json)
     if not args.no_peak:
         emit({"matmul_peak_tflops": matmul_peaks(args.peak_size)}, args.json)
@@ -412,10 +461,20 @@ def replay_main(args):
             executable = futures[name].result()
             futures[name] = None
             row["compile_s"] = compile_s[name]
-            row.update(replay_setting(
-                executable, meta, exact, device, args.updates, args.check,
-                profile=args.profile if any(p in name for p in args.profile_only or [name])
-                else 0, trace_dir=os.path.join(args.trace_dir, name)))
+            row.update(
+                replay_setting(
+                    executable,
+                    meta,
+                    exact,
+                    device,
+                    args.updates,
+                    args.check,
+                    profile=args.profile
+                    if any(p in name for p in args.profile_only or [name])
+                    else 0,
+                    trace_dir=os.path.join(args.trace_dir, name),
+                )
+            )
             if meta.get("flops"):  # matmul + convolution FLOPs counted at export
                 row["flops"] = meta["flops"]
                 row["tflops_per_s"] = float(f"{meta['flops'] / row['s_per_update'] / 1e12:.3g}")
@@ -441,28 +500,46 @@ def parse_args(argv=None):
     export = sub.add_parser("export", help="lower our update to HLO (needs TensorFlow)")
     export.add_argument("--out", required=True, help="folder for the modules")
     export.add_argument("--sizes", nargs="+", default=["S", "XL"])
-    export.add_argument("--inputs", nargs="+", default=["image", "vector"],
-                        choices=["image", "vector"])
-    export.add_argument("--actions", nargs="+", default=["discrete"],
-                        choices=["discrete", "continuous"])
-    export.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"],
-                        choices=["float32", "bfloat16"])
-    export.add_argument("--count-flops", action="store_true",
-                        help="count matmul and convolution FLOPs (compiles each update here)")
-    export.add_argument("--exact", action="store_true",
-                        help="store every parameter exactly (for `replay --check`; small sizes)")
+    export.add_argument(
+        "--inputs", nargs="+", default=["image", "vector"], choices=["image", "vector"]
+    )
+    export.add_argument(
+        "--actions", nargs="+", default=["discrete"], choices=["discrete", "continuous"]
+    )
+    export.add_argument(
+        "--precisions", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"]
+    )
+    export.add_argument(
+        "--count-flops",
+        action="store_true",
+        help="count matmul and convolution FLOPs (compiles each update here)",
+    )
+    export.add_argument(
+        "--exact",
+        action="store_true",
+        help="store every parameter exactly (for `replay --check`; small sizes)",
+    )
     replay = sub.add_parser("replay", help="compile and time the modules (needs jax only)")
     replay.add_argument("--dir", required=True)
     replay.add_argument("--updates", type=int, default=10)
     replay.add_argument("--only", nargs="*", help="substrings of the setting names to run")
-    replay.add_argument("--check", action="store_true",
-                        help="compare the first call's metrics with TF's (needs export --exact)")
+    replay.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the first call's metrics with TF's (needs export --exact)",
+    )
     replay.add_argument("--json", help="also append the JSON lines to this file")
-    replay.add_argument("--profile", type=int, default=0,
-                        help="also trace this many updates (jax profiler) and report the device "
-                             "time per operation")
-    replay.add_argument("--profile-only", nargs="*",
-                        help="substrings of the setting names to profile (default: all)")
+    replay.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="also trace this many updates (jax profiler) and report the device time per operation",
+    )
+    replay.add_argument(
+        "--profile-only",
+        nargs="*",
+        help="substrings of the setting names to profile (default: all)",
+    )
     replay.add_argument("--trace-dir", default="traces", help="where the traces go")
     replay.add_argument("--no-peak", action="store_true")
     replay.add_argument("--peak-size", type=int, default=8192)

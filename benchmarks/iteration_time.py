@@ -27,20 +27,35 @@ def main():
     config = DreamerV3Config().environment(args.env).update_from_dict(json.loads(args.config))
     start = time.perf_counter()
     algo = config.build_algo()
-    print(json.dumps({"env": args.env, "build_s": round(time.perf_counter() - start, 1),
-                      "model_size": config.model_size,
-                      "training_ratio": config.training_ratio}), flush=True)
+    print(
+        json.dumps(
+            {
+                "env": args.env,
+                "build_s": round(time.perf_counter() - start, 1),
+                "model_size": config.model_size,
+                "training_ratio": config.training_ratio,
+            }
+        ),
+        flush=True,
+    )
     steps_before = 0
     for _ in range(args.iterations):
         start = time.perf_counter()
         result = algo.train()
         seconds = time.perf_counter() - start
         steps = result["env_runners"]["num_env_steps_sampled_lifetime"]
-        print(json.dumps({
-            "iteration": result["training_iteration"], "seconds": round(seconds, 1),
-            "env_steps": steps, "updates": result["num_updates_lifetime"],
-            "env_steps_per_s": round((steps - steps_before) / seconds, 2),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "iteration": result["training_iteration"],
+                    "seconds": round(seconds, 1),
+                    "env_steps": steps,
+                    "updates": result["num_updates_lifetime"],
+                    "env_steps_per_s": round((steps - steps_before) / seconds, 2),
+                }
+            ),
+            flush=True,
+        )
         steps_before = steps
     algo.stop()
 

@@ -49,8 +49,12 @@ def main():
     with open(args.yaml_file) as f:
         experiments = yaml.safe_load(f)
     name, spec = next(iter(experiments.items()))
-    config = (DreamerV3Config().update_from_dict(spec.get("config", {}))
-              .environment(spec["env"]).debugging(seed=args.seed))
+    config = (
+        DreamerV3Config()
+        .update_from_dict(spec.get("config", {}))
+        .environment(spec["env"])
+        .debugging(seed=args.seed)
+    )
     start = time.time()
     algo = config.build_algo()
     reason = None
@@ -58,28 +62,60 @@ def main():
         result = algo.train()
         elapsed = time.time() - start
         learner = nested_get(result, "learners/default_policy") or {}
-        print(json.dumps({
-            "experiment": name,
-            "iteration": result["training_iteration"],
-            "env_steps": result["env_runners"]["num_env_steps_sampled_lifetime"],
-            "updates": result.get("num_updates_lifetime"),
-            "wall_s": round(elapsed, 1),
-            "episode_return_mean": nested_get(result, "env_runners/episode_return_mean"),
-            **{key: learner.get(key) for key in (
-                "L_world_model", "L_decoder", "L_continue", "actor_entropy", "critic_value_mean",
-                "imagined_continue_mean", "return_scale")},
-        }, default=float), flush=True)
+        print(
+            json.dumps(
+                {
+                    "experiment": name,
+                    "iteration": result["training_iteration"],
+                    "env_steps": result["env_runners"]["num_env_steps_sampled_lifetime"],
+                    "updates": result.get("num_updates_lifetime"),
+                    "wall_s": round(elapsed, 1),
+                    "episode_return_mean": nested_get(result, "env_runners/episode_return_mean"),
+                    **{
+                        key: learner.get(key)
+                        for key in (
+                            "L_world_model",
+                            "L_decoder",
+                            "L_continue",
+                            "actor_entropy",
+                            "critic_value_mean",
+                            "imagined_continue_mean",
+                            "return_scale",
+                        )
+                    },
+                },
+                default=float,
+            ),
+            flush=True,
+        )
         if "dreams" in result:
             directory = os.path.join(args.dreams_dir, name)
-            paths = save_dreams(result["dreams"], directory,
-                                prefix=f"updates{result['num_updates_lifetime']}")
-            print(json.dumps({"dreams": paths, **{k: v for k, v in result["dreams"].items()
-                                                  if isinstance(v, float)}}), flush=True)
+            paths = save_dreams(
+                result["dreams"], directory, prefix=f"updates{result['num_updates_lifetime']}"
+            )
+            print(
+                json.dumps(
+                    {
+                        "dreams": paths,
+                        **{k: v for k, v in result["dreams"].items() if isinstance(v, float)},
+                    }
+                ),
+                flush=True,
+            )
         reason = stop_reached(result, spec.get("stop", {}))
         if reason is None and elapsed > args.max_minutes * 60:
             reason = f"max_minutes={args.max_minutes}"
-    print(json.dumps({"experiment": name, "done": True, "stop": reason,
-                      "wall_s": round(time.time() - start, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "experiment": name,
+                "done": True,
+                "stop": reason,
+                "wall_s": round(time.time() - start, 1),
+            }
+        ),
+        flush=True,
+    )
     algo.stop()
 
 

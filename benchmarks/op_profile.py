@@ -20,6 +20,7 @@ critical path from work beside it: at XS vector two operations ran at once in on
 update (2026-12-05), and removing ops that ran beside the observe loop's backward chain freed
 thread time but no wall time.
 """
+
 import argparse
 import collections
 import glob
@@ -31,13 +32,13 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_cpu_enable_xprof_traceme=true").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
+).strip()
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
-
 from update_speed import make_spaces, random_batch  # noqa: E402  (this script's folder is on sys.path)
 
 from rllib_dreamerv3 import DreamerV3Config  # noqa: E402
@@ -74,15 +75,24 @@ def _trace(fn, args, runs):
     for plane in space.planes:
         names = {key: meta.name for key, meta in plane.event_metadata.items()}
         for line in plane.lines:
-            spans = [(event.offset_ps, event.offset_ps + event.duration_ps)
-                     for event in line.events if names.get(event.metadata_id) in _SPANS]
+            spans = [
+                (event.offset_ps, event.offset_ps + event.duration_ps)
+                for event in line.events
+                if names.get(event.metadata_id) in _SPANS
+            ]
             for event in line.events:
                 name = names.get(event.metadata_id, "?")
                 if name in _SKIP or name.startswith("ThreadpoolListener"):
                     continue
                 if any(lo <= event.offset_ps < hi for lo, hi in spans):
-                    events.append(((plane.name, line.name), line.timestamp_ns * 1000
-                                   + event.offset_ps, event.duration_ps, name))
+                    events.append(
+                        (
+                            (plane.name, line.name),
+                            line.timestamp_ns * 1000 + event.offset_ps,
+                            event.duration_ps,
+                            name,
+                        )
+                    )
     return seconds, events
 
 
@@ -130,10 +140,14 @@ def busy_timeline(fn, args, segments=20, resolution_ms=0.01):
             if overlap > 0:
                 kinds[_kind(name)] += overlap / 1e9
         inside = busy[(grid >= lo) & (grid < hi)]
-        rows.append({"start_ms": round((lo - start) / 1e9, 2),
-                     "busy_one": round(float(np.mean(inside >= 1)), 3) if inside.size else 0.0,
-                     "busy_two": round(float(np.mean(inside >= 2)), 3) if inside.size else 0.0,
-                     "top": [[kind, round(ms, 2)] for kind, ms in kinds.most_common(4)]})
+        rows.append(
+            {
+                "start_ms": round((lo - start) / 1e9, 2),
+                "busy_one": round(float(np.mean(inside >= 1)), 3) if inside.size else 0.0,
+                "busy_two": round(float(np.mean(inside >= 2)), 3) if inside.size else 0.0,
+                "top": [[kind, round(ms, 2)] for kind, ms in kinds.most_common(4)],
+            }
+        )
     return {"wall_ms": round((stop - start) / 1e9, 2), "segments": rows}
 
 
@@ -146,18 +160,33 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--obs-dim", type=int, default=4)
     parser.add_argument("--num-actions", type=int, default=2)
-    parser.add_argument("--timeline", type=int, default=0, metavar="SEGMENTS",
-                        help="also print one update's busy timeline in this many segments "
-                             "(see busy_timeline)")
+    parser.add_argument(
+        "--timeline",
+        type=int,
+        default=0,
+        metavar="SEGMENTS",
+        help="also print one update's busy timeline in this many segments (see busy_timeline)",
+    )
     args = parser.parse_args(argv)
 
     obs_space, _, action_space = make_spaces(args.inputs, args.actions, args)
-    config = (DreamerV3Config().environment(observation_space=obs_space, action_space=action_space)
-              .training(model_size=args.size))
+    config = (
+        DreamerV3Config()
+        .environment(observation_space=obs_space, action_space=action_space)
+        .training(model_size=args.size)
+    )
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
-    batch = {key: tf.constant(value) for key, value in random_batch(
-        np.random.default_rng(0), config.batch_size_B, config.batch_length_T, args.inputs,
-        action_space, args.obs_dim).items()}
+    batch = {
+        key: tf.constant(value)
+        for key, value in random_batch(
+            np.random.default_rng(0),
+            config.batch_size_B,
+            config.batch_length_T,
+            args.inputs,
+            action_space,
+            args.obs_dim,
+        ).items()
+    }
     seed = tf.constant([0, 1])
     update = learner._update_fn  # the compiled update; private, read by this profiling aid
     for _ in range(2):  # compile, warm up
@@ -169,20 +198,33 @@ def main(argv=None):
         kind = kinds[_kind(name)]
         kind[0] += ms
         kind[1] += calls
-    top = sorted(ops.items(), key=lambda item: -item[1][0])[:args.top]
-    top_kinds = sorted(kinds.items(), key=lambda item: -item[1][0])[:args.top]
-    print(json.dumps({
-        "size": args.size, "inputs": args.inputs, "actions": args.actions,
-        "traced_s_per_update": round(seconds, 4),
-        "thread_ms_per_update": round(sum(ms for ms, _ in ops.values()), 1),
-        "top_ops": [{"op": name, "ms": round(ms, 2), "calls": round(calls, 1)}
-                    for name, (ms, calls) in top],
-        "top_kinds": [{"kind": name, "ms": round(ms, 2), "calls": round(calls, 1)}
-                      for name, (ms, calls) in top_kinds],
-    }), flush=True)
+    top = sorted(ops.items(), key=lambda item: -item[1][0])[: args.top]
+    top_kinds = sorted(kinds.items(), key=lambda item: -item[1][0])[: args.top]
+    print(
+        json.dumps(
+            {
+                "size": args.size,
+                "inputs": args.inputs,
+                "actions": args.actions,
+                "traced_s_per_update": round(seconds, 4),
+                "thread_ms_per_update": round(sum(ms for ms, _ in ops.values()), 1),
+                "top_ops": [
+                    {"op": name, "ms": round(ms, 2), "calls": round(calls, 1)}
+                    for name, (ms, calls) in top
+                ],
+                "top_kinds": [
+                    {"kind": name, "ms": round(ms, 2), "calls": round(calls, 1)}
+                    for name, (ms, calls) in top_kinds
+                ],
+            }
+        ),
+        flush=True,
+    )
     if args.timeline:
-        print(json.dumps({"timeline": busy_timeline(update, (batch, seed), args.timeline)}),
-              flush=True)
+        print(
+            json.dumps({"timeline": busy_timeline(update, (batch, seed), args.timeline)}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

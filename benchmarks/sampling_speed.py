@@ -39,11 +39,19 @@ from rllib_dreamerv3.env_runner import DreamerV3EnvRunner  # noqa: E402
 ENVS = {"CartPole": "CartPole-v1", "Pong": "ALE/Pong-v5"}
 OUR_ENV_CONFIG = {"Pong": {"protocol": "atari100k"}}
 THEIR_PONG = "rllib_dreamerv3_benchmark_rllib_pong"  # a Tune name that does not shadow ours
-THEIR_PONG_ENV_CONFIG = {"repeat_action_probability": 0.0, "full_action_space": False,
-                         "frameskip": 1}
+THEIR_PONG_ENV_CONFIG = {
+    "repeat_action_probability": 0.0,
+    "full_action_space": False,
+    "frameskip": 1,
+}
 QUICK = {"envs": ["CartPole"], "num_envs": [1], "sizes": ["nano"], "steps": 200, "repeats": 2}
-FULL = {"envs": ["CartPole", "Pong"], "num_envs": [1, 8], "sizes": ["XS"], "steps": 1000,
-        "repeats": 3}
+FULL = {
+    "envs": ["CartPole", "Pong"],
+    "num_envs": [1, 8],
+    "sizes": ["XS"],
+    "steps": 1000,
+    "repeats": 3,
+}
 
 
 def log(message):
@@ -67,16 +75,20 @@ def steps_per_second(sample, count, args):
 
 def describe(side, rate, obs_space, action_space):
     """The measured rate with the spaces the policy saw, so that the settings can be checked."""
-    return {f"{side}_steps_per_s": rate,
-            f"{side}_obs": f"{obs_space.dtype}{list(obs_space.shape)}",
-            f"{side}_actions": int(getattr(action_space, "n", 0)) or list(action_space.shape)}
+    return {
+        f"{side}_steps_per_s": rate,
+        f"{side}_obs": f"{obs_space.dtype}{list(obs_space.shape)}",
+        f"{side}_actions": int(getattr(action_space, "n", 0)) or list(action_space.shape),
+    }
 
 
 def measure_ours(env, num_envs, size, args):
-    config = (DreamerV3Config()
-              .environment(ENVS[env], env_config=OUR_ENV_CONFIG.get(env, {}))
-              .env_runners(num_envs_per_env_runner=num_envs)
-              .training(model_size=size))
+    config = (
+        DreamerV3Config()
+        .environment(ENVS[env], env_config=OUR_ENV_CONFIG.get(env, {}))
+        .env_runners(num_envs_per_env_runner=num_envs)
+        .training(model_size=size)
+    )
     runner = DreamerV3EnvRunner(config=config, worker_index=0, num_workers=0)
     try:
         before = [0]
@@ -88,10 +100,13 @@ def measure_ours(env, num_envs, size, args):
 
         rate = steps_per_second(
             lambda n: runner.sample(num_timesteps=n, explore=True, random_actions=False),
-            count, args)
-        return {**describe("ours", rate, runner.envs[0].observation_space,
-                           runner.envs[0].action_space),
-                "ours_overlap": runner.overlaps_policy_and_envs}
+            count,
+            args,
+        )
+        return {
+            **describe("ours", rate, runner.envs[0].observation_space, runner.envs[0].action_space),
+            "ours_overlap": runner.overlaps_policy_and_envs,
+        }
     finally:
         runner.stop()
 
@@ -101,9 +116,14 @@ def register_their_pong():
     from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
     from ray.tune.registry import register_env
 
-    register_env(THEIR_PONG, lambda cfg: wrap_atari_for_new_api_stack(
-        gym.make("ale_py:ALE/Pong-v5", **cfg, render_mode="rgb_array"),
-        framestack=None, grayscale=False))
+    register_env(
+        THEIR_PONG,
+        lambda cfg: wrap_atari_for_new_api_stack(
+            gym.make("ale_py:ALE/Pong-v5", **cfg, render_mode="rgb_array"),
+            framestack=None,
+            grayscale=False,
+        ),
+    )
 
 
 def measure_theirs(env, num_envs, size, args):
@@ -115,26 +135,37 @@ def measure_theirs(env, num_envs, size, args):
         env_spec = {"env": THEIR_PONG, "env_config": THEIR_PONG_ENV_CONFIG}
     else:
         env_spec = {"env": ENVS[env]}
-    config = (RLlibDreamerV3Config()
-              .framework("torch")
-              .environment(**env_spec)
-              .env_runners(num_envs_per_env_runner=num_envs)
-              .training(model_size=size))
+    config = (
+        RLlibDreamerV3Config()
+        .framework("torch")
+        .environment(**env_spec)
+        .env_runners(num_envs_per_env_runner=num_envs)
+        .training(model_size=size)
+    )
     runner = SingleAgentEnvRunner(config=config, worker_index=0, num_workers=0)
     try:
         rate = steps_per_second(
             lambda n: runner.sample(num_timesteps=n, explore=True, random_actions=False),
-            lambda episodes: sum(len(e) for e in episodes), args)
-        return describe("theirs", rate, runner.env.single_observation_space,
-                        runner.env.single_action_space)
+            lambda episodes: sum(len(e) for e in episodes),
+            args,
+        )
+        return describe(
+            "theirs", rate, runner.env.single_observation_space, runner.env.single_action_space
+        )
     finally:
         runner.stop()
 
 
 def measure(env, num_envs, size, args):
-    row = {"env": env, "env_id": ENVS[env], "num_envs": num_envs, "size": size,
-           "steps": args.steps, "repeats": args.repeats,
-           "loadavg_1m": os.getloadavg()[0]}  # other processes on the machine skew timings
+    row = {
+        "env": env,
+        "env_id": ENVS[env],
+        "num_envs": num_envs,
+        "size": size,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "loadavg_1m": os.getloadavg()[0],
+    }  # other processes on the machine skew timings
     ok = True
     sides = [("ours", measure_ours)] + ([("theirs", measure_theirs)] if args.torch else [])
     for side, run in sides:
@@ -156,23 +187,36 @@ def measure(env, num_envs, size, args):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke-test defaults: {QUICK} (explicit flags still win)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke-test defaults: {QUICK} (explicit flags still win)",
+    )
     parser.add_argument("--envs", nargs="+", choices=list(ENVS), help=f"default {FULL['envs']}")
-    parser.add_argument("--num-envs", nargs="+", type=int,
-                        help=f"envs per EnvRunner, default {FULL['num_envs']}")
+    parser.add_argument(
+        "--num-envs", nargs="+", type=int, help=f"envs per EnvRunner, default {FULL['num_envs']}"
+    )
     parser.add_argument("--sizes", nargs="+", help=f"model sizes, default {FULL['sizes']}")
-    parser.add_argument("--steps", type=int,
-                        help=f"env steps per timed sample, default {FULL['steps']}")
-    parser.add_argument("--repeats", type=int,
-                        help=f"timed samples per side, default {FULL['repeats']}")
-    parser.add_argument("--no-torch", dest="torch", action="store_false",
-                        help="skip RLlib's torch DreamerV3")
-    parser.add_argument("--torch-threads", type=int,
-                        help="torch threads for RLlib's side (default: the usable cores)")
-    parser.add_argument("--tf-threads", type=int, default=1,
-                        help="TF threads for our side (default 1, a remote EnvRunner's; 0: TF's "
-                             "default)")
+    parser.add_argument(
+        "--steps", type=int, help=f"env steps per timed sample, default {FULL['steps']}"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help=f"timed samples per side, default {FULL['repeats']}"
+    )
+    parser.add_argument(
+        "--no-torch", dest="torch", action="store_false", help="skip RLlib's torch DreamerV3"
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch threads for RLlib's side (default: the usable cores)",
+    )
+    parser.add_argument(
+        "--tf-threads",
+        type=int,
+        default=1,
+        help="TF threads for our side (default 1, a remote EnvRunner's; 0: TF's default)",
+    )
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -190,8 +234,10 @@ def main(argv=None):
         try:
             import torch
         except ImportError:
-            log("[sampling_speed] torch is not installed (pip install -e '.[bench]'): "
-                "RLlib's DreamerV3 is skipped.")
+            log(
+                "[sampling_speed] torch is not installed (pip install -e '.[bench]'): "
+                "RLlib's DreamerV3 is skipped."
+            )
             args.torch = False
         else:
             args.torch_threads = args.torch_threads or num_cores()

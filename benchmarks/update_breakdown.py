@@ -10,6 +10,7 @@ update (`full`). The pieces use the implementation the update uses: the fast ker
 (`fast_kernels`, the default) or the plain losses. A profiling aid: it reads private pieces of
 the Learner and the update.
 """
+
 import json
 import os
 import sys
@@ -20,7 +21,6 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
-
 from update_speed import random_batch  # noqa: E402  (this script's folder is on sys.path)
 
 from rllib_dreamerv3 import DreamerV3Config, kernels, losses, random_ops  # noqa: E402
@@ -40,14 +40,21 @@ def timed(fn, *args, n=20):
 
 def main(size):
     obs_space, action_space = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2)
-    cfg = (DreamerV3Config().environment(observation_space=obs_space, action_space=action_space)
-           .training(model_size=size))
+    cfg = (
+        DreamerV3Config()
+        .environment(observation_space=obs_space, action_space=action_space)
+        .training(model_size=size)
+    )
     learner = cfg.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
     model = learner.module[DEFAULT_MODULE_ID].model
     optimizers = dict(learner.get_optimizers_for_module(DEFAULT_MODULE_ID))
     B, T, H = cfg.batch_size_B, cfg.batch_length_T, cfg.horizon_H
-    batch = {key: tf.constant(value) for key, value in random_batch(
-        np.random.default_rng(0), B, T, "vector", action_space, obs_space.shape[0]).items()}
+    batch = {
+        key: tf.constant(value)
+        for key, value in random_batch(
+            np.random.default_rng(0), B, T, "vector", action_space, obs_space.shape[0]
+        ).items()
+    }
     seed = tf.constant([0, 1])
     compiled = tf.function(jit_compile=True, autograph=False)
     impl = kernels if cfg.fast_kernels else losses  # as in update.make_update_fn
@@ -60,8 +67,13 @@ def main(size):
     def wm_fwd_bwd_step(batch, seed):
         with tf.GradientTape() as tape:
             loss = impl.world_model_loss(model, batch, random_ops.split(seed, T), cfg)[0]
-        _step(optimizers["world_model"], tape, loss, model.world_model.trainable_variables,
-              cfg.world_model_grad_clip)
+        _step(
+            optimizers["world_model"],
+            tape,
+            loss,
+            model.world_model.trainable_variables,
+            cfg.world_model_grad_clip,
+        )
         return loss
 
     n = B * T
@@ -79,21 +91,40 @@ def main(size):
         with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
             imagined = impl.imagine(model, h, z, H, random_ops.split(seed, 2 * H))
             actor_loss, critic_loss, _, _ = impl.actor_critic_losses(
-                model, imagined, start_cont, cfg)
-        _step(optimizers["critic"], critic_tape, critic_loss, model.critic.trainable_variables,
-              cfg.critic_grad_clip)
-        _step(optimizers["actor"], actor_tape, actor_loss, model.actor.trainable_variables,
-              cfg.actor_grad_clip)
+                model, imagined, start_cont, cfg
+            )
+        _step(
+            optimizers["critic"],
+            critic_tape,
+            critic_loss,
+            model.critic.trainable_variables,
+            cfg.critic_grad_clip,
+        )
+        _step(
+            optimizers["actor"],
+            actor_tape,
+            actor_loss,
+            model.actor.trainable_variables,
+            cfg.actor_grad_clip,
+        )
         return actor_loss
 
-    print(json.dumps({
-        "size": size, "B": B, "T": T, "H": H,
-        "wm_fwd": timed(wm_fwd, batch, seed),
-        "wm_fwd_bwd_step": timed(wm_fwd_bwd_step, batch, seed),
-        "imagine_fwd": timed(imagine_fwd, h0, z0, seed),
-        "imagine_ac_fwd_bwd_steps": timed(imagine_ac_fwd_bwd_steps, h0, z0, seed),
-        "full": timed(learner._update_fn, batch, seed),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "size": size,
+                "B": B,
+                "T": T,
+                "H": H,
+                "wm_fwd": timed(wm_fwd, batch, seed),
+                "wm_fwd_bwd_step": timed(wm_fwd_bwd_step, batch, seed),
+                "imagine_fwd": timed(imagine_fwd, h0, z0, seed),
+                "imagine_ac_fwd_bwd_steps": timed(imagine_ac_fwd_bwd_steps, h0, z0, seed),
+                "full": timed(learner._update_fn, batch, seed),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

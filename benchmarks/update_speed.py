@@ -61,10 +61,20 @@ from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype  # noqa: E402
 from rllib_dreamerv3.update import batch_signature  # noqa: E402
 
 IMAGE_SHAPE = (64, 64, 3)
-QUICK = {"sizes": ["nano"], "inputs": ["vector"], "actions": ["discrete"], "updates": 5,
-         "peak_size": 2048}
-FULL = {"sizes": ["nano", "micro", "XS", "S"], "inputs": ["vector", "image"],
-        "actions": ["discrete", "continuous"], "updates": 10, "peak_size": 4096}
+QUICK = {
+    "sizes": ["nano"],
+    "inputs": ["vector"],
+    "actions": ["discrete"],
+    "updates": 5,
+    "peak_size": 2048,
+}
+FULL = {
+    "sizes": ["nano", "micro", "XS", "S"],
+    "inputs": ["vector", "image"],
+    "actions": ["discrete", "continuous"],
+    "updates": 10,
+    "peak_size": 4096,
+}
 
 
 def log(message):
@@ -102,8 +112,13 @@ def random_batch(rng, B, T, inputs, action_space, obs_dim):
         actions = rng.uniform(-1, 1, (B, T) + action_space.shape).astype(np.float32)
     is_first = rng.random((B, T)) < 0.02
     is_first[:, 0] = True
-    return {"obs": obs, "actions": actions, "rewards": rng.normal(size=(B, T)).astype(np.float32),
-            "is_first": is_first, "is_terminal": rng.random((B, T)) < 0.02}
+    return {
+        "obs": obs,
+        "actions": actions,
+        "rewards": rng.normal(size=(B, T)).astype(np.float32),
+        "is_first": is_first,
+        "is_terminal": rng.random((B, T)) < 0.02,
+    }
 
 
 def their_batch(batch):
@@ -138,8 +153,9 @@ def time_learner_updates(learner, batches, n):
 
     def update():
         nonlocal calls
-        learner.update(batch=batches[calls % len(batches)],
-                       timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls})
+        learner.update(
+            batch=batches[calls % len(batches)], timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls}
+        )
         calls += 1
 
     start = time.perf_counter()
@@ -167,24 +183,32 @@ def matmul_peak_gflops(n, reps=5):
 
 # --- ours -----------------------------------------------------------------------------------------
 def measure_ours(size, obs_space, action_space, batches, args):
-    config = (DreamerV3Config()
-              .environment(observation_space=obs_space, action_space=action_space)
-              .training(model_size=size, jit_compile=not args.no_jit))
+    config = (
+        DreamerV3Config()
+        .environment(observation_space=obs_space, action_space=action_space)
+        .training(model_size=size, jit_compile=not args.no_jit)
+    )
     try:
         learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
     except ValueError as err:  # an observation space the model does not support (yet)
         return {"ours_skipped": str(err).splitlines()[0][:300]}
     first_call, times, calls = time_learner_updates(
-        learner, [as_multi_agent(b) for b in batches], args.updates)
+        learner, [as_multi_agent(b) for b in batches], args.updates
+    )
 
     # The bare compiled update (no RLlib plumbing), on the same batches. The Learner has no
     # public handle on it: this benchmark reads the private attribute.
     update_fn = learner._update_fn
-    signature = batch_signature(obs_space.shape, tf.as_dtype(obs_storage_dtype(obs_space)),
-                                action_dim(action_space), config.batch_size_B,
-                                config.batch_length_T)
-    inputs_list = [{key: tf.constant(b[key], spec.dtype) for key, spec in signature.items()}
-                   for b in batches]
+    signature = batch_signature(
+        obs_space.shape,
+        tf.as_dtype(obs_storage_dtype(obs_space)),
+        action_dim(action_space),
+        config.batch_size_B,
+        config.batch_length_T,
+    )
+    inputs_list = [
+        {key: tf.constant(b[key], spec.dtype) for key, spec in signature.items()} for b in batches
+    ]
     seed = tf.constant([0, 1], tf.int32)
 
     def fn_update():
@@ -197,14 +221,21 @@ def measure_ours(size, obs_space, action_space, batches, args):
     steps = int(learner.get_optimizer(DEFAULT_MODULE_ID, "world_model").iterations.numpy())
     if steps != calls:
         raise RuntimeError(f"ours: {calls} update calls made {steps} optimizer steps")
-    result = {"ours_s": median(times), "ours_min_s": round(min(times), 4),
-              "ours_fn_s": median(fn_times), "ours_first_call_s": round(first_call, 2),
-              "traces": learner.num_traces}
+    result = {
+        "ours_s": median(times),
+        "ours_min_s": round(min(times), 4),
+        "ours_fn_s": median(fn_times),
+        "ours_first_call_s": round(first_call, 2),
+        "traces": learner.num_traces,
+    }
     if not args.no_jit and not args.no_flops:
         count = compiled_flops(update_fn, inputs_list[0], seed)
-        result.update(flops=count.total, flops_conv=count.convolution,
-                      flops_exact=count.exact,
-                      loops=[f"{name}:{trip}" for name, trip in count.loops])
+        result.update(
+            flops=count.total,
+            flops_conv=count.convolution,
+            flops_exact=count.exact,
+            loops=[f"{name}:{trip}" for name, trip in count.loops],
+        )
         if not count.exact:  # what the count missed: loops counted once, opaque kernels
             result["flops_missed"] = sorted(set(count.unresolved_loops + count.custom_calls))
     return result
@@ -216,26 +247,38 @@ def measure_theirs(size, obs_space, action_space, batches, args):
     from ray.rllib.algorithms.dreamerv3 import DreamerV3Config as RLlibDreamerV3Config
 
     ours = DreamerV3Config()
-    config = (RLlibDreamerV3Config()
-              .framework("torch")
-              .environment(observation_space=obs_space, action_space=action_space)
-              .training(model_size=size, batch_size_B=ours.batch_size_B,
-                        batch_length_T=ours.batch_length_T, horizon_H=ours.horizon_H,
-                        gamma=ours.gamma, world_model_lr=ours.world_model_lr,
-                        actor_lr=ours.actor_lr, critic_lr=ours.critic_lr)
-              .learners(num_learners=0))
+    config = (
+        RLlibDreamerV3Config()
+        .framework("torch")
+        .environment(observation_space=obs_space, action_space=action_space)
+        .training(
+            model_size=size,
+            batch_size_B=ours.batch_size_B,
+            batch_length_T=ours.batch_length_T,
+            horizon_H=ours.horizon_H,
+            gamma=ours.gamma,
+            world_model_lr=ours.world_model_lr,
+            actor_lr=ours.actor_lr,
+            critic_lr=ours.critic_lr,
+        )
+        .learners(num_learners=0)
+    )
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (obs_space, action_space)})
     their_batches = [as_multi_agent(their_batch(b)) for b in batches]
     first_call, times, calls = time_learner_updates(learner, their_batches, args.their_updates)
-    result = {"theirs_s": median(times), "theirs_min_s": round(min(times), 4),
-              "theirs_first_call_s": round(first_call, 2),
-              "torch_threads": torch.get_num_threads()}
+    result = {
+        "theirs_s": median(times),
+        "theirs_min_s": round(min(times), 4),
+        "theirs_first_call_s": round(first_call, 2),
+        "torch_threads": torch.get_num_threads(),
+    }
     if not args.no_flops:  # one more update, under torch's FLOP counter (after the timing)
         from torch.utils.flop_counter import FlopCounterMode
 
         with FlopCounterMode(display=False) as counter:
-            learner.update(batch=their_batches[0],
-                           timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls})
+            learner.update(
+                batch=their_batches[0], timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls}
+            )
         calls += 1
         result["their_flops"] = int(counter.get_total_flops())
     optimizer = learner.get_optimizer(DEFAULT_MODULE_ID, "world_model")
@@ -256,15 +299,24 @@ def measure(size, inputs, actions, peak, args):
     B, T = config.batch_size_B, config.batch_length_T
     rng = np.random.default_rng(0)
     batches = [random_batch(rng, B, T, inputs, action_space, args.obs_dim) for _ in range(4)]
-    row = {"size": size, "obs": inputs, "obs_shape": list(our_obs.shape), "actions": actions,
-           "action_dim": action_dim(action_space), "B": B, "T": T, "H": config.horizon_H,
-           "jit_compile": not args.no_jit, "updates": args.updates,
-           "loadavg_1m": os.getloadavg()[0]}  # other processes on the machine skew timings
+    row = {
+        "size": size,
+        "obs": inputs,
+        "obs_shape": list(our_obs.shape),
+        "actions": actions,
+        "action_dim": action_dim(action_space),
+        "B": B,
+        "T": T,
+        "H": config.horizon_H,
+        "jit_compile": not args.no_jit,
+        "updates": args.updates,
+        "loadavg_1m": os.getloadavg()[0],
+    }  # other processes on the machine skew timings
     failed = False
-    for side, run in (("ours", lambda: measure_ours(size, our_obs, action_space, batches,
-                                                    args)),
-                      ("theirs", lambda: measure_theirs(size, their_obs, action_space,
-                                                        batches, args))):
+    for side, run in (
+        ("ours", lambda: measure_ours(size, our_obs, action_space, batches, args)),
+        ("theirs", lambda: measure_theirs(size, their_obs, action_space, batches, args)),
+    ):
         if side == "theirs" and not args.torch:
             continue
         log(f"[update_speed] {size} {inputs} {actions}: measuring {side} ...")
@@ -301,29 +353,46 @@ def torch_available():
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke-test defaults: {QUICK} (explicit flags still win)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke-test defaults: {QUICK} (explicit flags still win)",
+    )
     parser.add_argument("--sizes", nargs="+", help=f"default {FULL['sizes']}")
-    parser.add_argument("--inputs", nargs="+", choices=["vector", "image"],
-                        help=f"default {FULL['inputs']}")
-    parser.add_argument("--actions", nargs="+", choices=["discrete", "continuous"],
-                        help=f"default {FULL['actions']}")
-    parser.add_argument("--continuous", action="store_true",
-                        help="same as --actions continuous")
+    parser.add_argument(
+        "--inputs", nargs="+", choices=["vector", "image"], help=f"default {FULL['inputs']}"
+    )
+    parser.add_argument(
+        "--actions",
+        nargs="+",
+        choices=["discrete", "continuous"],
+        help=f"default {FULL['actions']}",
+    )
+    parser.add_argument("--continuous", action="store_true", help="same as --actions continuous")
     parser.add_argument("--updates", type=int, help=f"timed updates, default {FULL['updates']}")
-    parser.add_argument("--their-updates", type=int,
-                        help="timed updates of RLlib's DreamerV3 (default: --updates)")
+    parser.add_argument(
+        "--their-updates", type=int, help="timed updates of RLlib's DreamerV3 (default: --updates)"
+    )
     parser.add_argument("--obs-dim", type=int, default=4, help="vector observation size")
-    parser.add_argument("--num-actions", type=int, default=2,
-                        help="discrete actions, or continuous action dimensions")
-    parser.add_argument("--no-torch", dest="torch", action="store_false",
-                        help="skip RLlib's torch DreamerV3")
-    parser.add_argument("--no-flops", action="store_true",
-                        help="skip the FLOP counts (ours and RLlib's)")
+    parser.add_argument(
+        "--num-actions",
+        type=int,
+        default=2,
+        help="discrete actions, or continuous action dimensions",
+    )
+    parser.add_argument(
+        "--no-torch", dest="torch", action="store_false", help="skip RLlib's torch DreamerV3"
+    )
+    parser.add_argument(
+        "--no-flops", action="store_true", help="skip the FLOP counts (ours and RLlib's)"
+    )
     parser.add_argument("--no-jit", action="store_true", help="ours without XLA (no FLOPs)")
     parser.add_argument("--peak-size", type=int, help="N of the N×N peak matmul")
-    parser.add_argument("--torch-threads", type=int,
-                        help="torch threads for RLlib's side (default: the usable cores)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch threads for RLlib's side (default: the usable cores)",
+    )
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     if args.continuous:
@@ -339,8 +408,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.torch and not torch_available():
-        log("[update_speed] torch is not installed (pip install -e '.[bench]'): "
-            "RLlib's DreamerV3 is skipped.")
+        log(
+            "[update_speed] torch is not installed (pip install -e '.[bench]'): "
+            "RLlib's DreamerV3 is skipped."
+        )
         args.torch = False
     header = {"tf": tf.__version__, "cores": num_cores(), "loadavg_1m": os.getloadavg()[0]}
     if args.torch:
@@ -349,9 +420,13 @@ def main(argv=None):
         torch.set_num_threads(args.torch_threads or num_cores())
         header["torch"] = torch.__version__
     peaks = matmul_peak_gflops(args.peak_size)
-    header.update({"matmul_peak_n": args.peak_size,
-                   "peak_gflops": round(peaks["xla"], 2),
-                   "peak_gflops_tf_kernel": round(peaks["tf"], 2)})
+    header.update(
+        {
+            "matmul_peak_n": args.peak_size,
+            "peak_gflops": round(peaks["xla"], 2),
+            "peak_gflops_tf_kernel": round(peaks["tf"], 2),
+        }
+    )
     print(json.dumps(header), flush=True)
     ok = True
     for size in args.sizes:

@@ -14,8 +14,9 @@ class Actor(tf.Module):
     `[N, action_dim]`. The continuous std is `(max_std - min_std) * sigmoid(x + 2) + min_std`.
     """
 
-    def __init__(self, feat_dim, action_dim, discrete, size, unimix=0.01, min_std=0.1,
-                 max_std=1.0, name=None):
+    def __init__(
+        self, feat_dim, action_dim, discrete, size, unimix=0.01, min_std=0.1, max_std=1.0, name=None
+    ):
         super().__init__(name=name)
         self.discrete = discrete
         self.action_dim = action_dim

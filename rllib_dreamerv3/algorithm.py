@@ -24,9 +24,13 @@ from ray.rllib.env import INPUT_ENV_SINGLE_SPACES
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.from_config import NotProvided
-from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME,
-                                     NUM_ENV_STEPS_TRAINED_LIFETIME, REPLAY_BUFFER_RESULTS)
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_TRAINED_LIFETIME,
+    REPLAY_BUFFER_RESULTS,
+)
 
 from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
@@ -75,44 +79,85 @@ HYPERPARAMETERS = {
     "actor_max_std": (1.0, "maximum std of the continuous actor"),
     "replay_capacity": (1_000_000, "replay capacity in env steps (FIFO)"),
     "num_steps_sampled_before_learning_starts": (
-        1024, "warm-up env steps (random actions) before the first update"),
+        1024,
+        "warm-up env steps (random actions) before the first update",
+    ),
     "store_replay_buffer_in_checkpoint": (True, "save the replay buffer with checkpoints"),
     "dream_every_n_updates": (
-        1000, "report dream summaries (reconstructions, open-loop dreams) every N updates; 0: off"),
+        1000,
+        "report dream summaries (reconstructions, open-loop dreams) every N updates; 0: off",
+    ),
     "dream_burn_in": (5, "real steps the open-loop dream observes before imagining"),
     "dream_num_sequences": (4, "replayed sequences shown in the dream summaries (at most B)"),
-    "precision": ("float32", "matmul/conv precision: 'float32', or 'bfloat16' (mixed precision "
-                  "for GPUs: float32 variables, norms and losses; slower on most CPUs)"),
+    "precision": (
+        "float32",
+        "matmul/conv precision: 'float32', or 'bfloat16' (mixed precision "
+        "for GPUs: float32 variables, norms and losses; slower on most CPUs)",
+    ),
     "jit_compile": (True, "compile the update and the policy with XLA"),
-    "fast_kernels": (True, "compute the update with the fused kernels of rllib_dreamerv3.kernels "
-                     "(same results as the plain TensorFlow path, faster on CPU); False: the "
-                     "plain path"),
-    "tf_num_threads": (None, "cap TF's thread pools per process (None: TF's default in the "
-                       "driver and Learner; num_cpus_per_env_runner in remote EnvRunners)"),
+    "fast_kernels": (
+        True,
+        "compute the update with the fused kernels of rllib_dreamerv3.kernels "
+        "(same results as the plain TensorFlow path, faster on CPU); False: the "
+        "plain path",
+    ),
+    "tf_num_threads": (
+        None,
+        "cap TF's thread pools per process (None: TF's default in the "
+        "driver and Learner; num_cpus_per_env_runner in remote EnvRunners)",
+    ),
     "nonfinite_env_data": (
-        "raise", "what EnvRunners do with a NaN/inf observation or reward: 'raise' an error "
+        "raise",
+        "what EnvRunners do with a NaN/inf observation or reward: 'raise' an error "
         "naming the env, step and key, or 'skip' the step (its episode ends there, the env is "
-        "reset; counted in num_nonfinite_env_steps_skipped)"),
+        "reset; counted in num_nonfinite_env_steps_skipped)",
+    ),
     "max_skipped_updates_in_a_row": (
-        10, "updates in a row whose steps were skipped for non-finite losses or gradients "
-        "before training stops with an error (0: never)"),
+        10,
+        "updates in a row whose steps were skipped for non-finite losses or gradients "
+        "before training stops with an error (0: never)",
+    ),
     "overlap_policy_and_envs": (
-        "auto", "EnvRunners step half their envs while the policy acts for the other half "
-        "(True/False; 'auto': on for image observations with >= 2 envs per runner)"),
+        "auto",
+        "EnvRunners step half their envs while the policy acts for the other half "
+        "(True/False; 'auto': on for image observations with >= 2 envs per runner)",
+    ),
 }
 
-_POSITIVE_INTS = ("training_ratio", "batch_size_B", "horizon_H", "replay_capacity",
-                  "num_bins", "cnn_kernel")
-_POSITIVE_FLOATS = ("world_model_lr", "actor_lr", "critic_lr", "world_model_adam_eps",
-                    "actor_adam_eps", "critic_adam_eps", "world_model_grad_clip",
-                    "actor_grad_clip", "critic_grad_clip", "actor_max_std")
+_POSITIVE_INTS = (
+    "training_ratio",
+    "batch_size_B",
+    "horizon_H",
+    "replay_capacity",
+    "num_bins",
+    "cnn_kernel",
+)
+_POSITIVE_FLOATS = (
+    "world_model_lr",
+    "actor_lr",
+    "critic_lr",
+    "world_model_adam_eps",
+    "actor_adam_eps",
+    "critic_adam_eps",
+    "world_model_grad_clip",
+    "actor_grad_clip",
+    "critic_grad_clip",
+    "actor_max_std",
+)
 PRECISIONS = ("float32", "bfloat16")
 _NON_NEGATIVE_INTS = ("dream_every_n_updates", "max_skipped_updates_in_a_row")
 NONFINITE_ENV_DATA = ("raise", "skip")
 _BOOLS = ("fast_kernels",)
-_NON_NEGATIVE = ("entropy_scale", "free_bits", "pred_loss_scale", "dyn_loss_scale",
-                 "rep_loss_scale", "critic_ema_regularizer", "actor_min_std",
-                 "num_steps_sampled_before_learning_starts")
+_NON_NEGATIVE = (
+    "entropy_scale",
+    "free_bits",
+    "pred_loss_scale",
+    "dyn_loss_scale",
+    "rep_loss_scale",
+    "critic_ema_regularizer",
+    "actor_min_std",
+    "num_steps_sampled_before_learning_starts",
+)
 _UNIT_INTERVAL = {  # name -> (low, high, low inclusive, high inclusive)
     "gamma": (0.0, 1.0, False, True),
     "gae_lambda": (0.0, 1.0, True, True),
@@ -140,7 +185,8 @@ def _unknown_training_key(kwargs, rllib_training):
                 f"DreamerV3Config.training() got an unexpected keyword argument {name!r}.{hint} "
                 "Valid keys are DreamerV3's hyperparameters (HYPERPARAMETERS in "
                 "rllib_dreamerv3/algorithm.py; help(DreamerV3Config.training) lists them) and "
-                "the arguments of AlgorithmConfig.training (e.g. gamma, grad_clip).")
+                "the arguments of AlgorithmConfig.training (e.g. gamma, grad_clip)."
+            )
     return None
 
 
@@ -151,10 +197,14 @@ def _signature_with_table_defaults(training):
     show what an unchanged `DreamerV3Config()` holds instead.
     """
     signature = inspect.signature(training)
-    return signature.replace(parameters=[
-        param.replace(default=HYPERPARAMETERS[param.name][0])
-        if param.name in HYPERPARAMETERS else param
-        for param in signature.parameters.values()])
+    return signature.replace(
+        parameters=[
+            param.replace(default=HYPERPARAMETERS[param.name][0])
+            if param.name in HYPERPARAMETERS
+            else param
+            for param in signature.parameters.values()
+        ]
+    )
 
 
 def _training_doc():
@@ -170,11 +220,19 @@ def _training_doc():
         "Args:",
     ]
     for name, (default, meaning) in HYPERPARAMETERS.items():
-        lines += textwrap.wrap(f"{name}: {meaning}. Default: {default!r}.", width=92,
-                               initial_indent="    ", subsequent_indent="        ")
-    lines += textwrap.wrap("**kwargs: any argument of `AlgorithmConfig.training`, e.g. `gamma` "
-                           "(default: 1-1/333) or `grad_clip`.", width=92,
-                           initial_indent="    ", subsequent_indent="        ")
+        lines += textwrap.wrap(
+            f"{name}: {meaning}. Default: {default!r}.",
+            width=92,
+            initial_indent="    ",
+            subsequent_indent="        ",
+        )
+    lines += textwrap.wrap(
+        "**kwargs: any argument of `AlgorithmConfig.training`, e.g. `gamma` "
+        "(default: 1-1/333) or `grad_clip`.",
+        width=92,
+        initial_indent="    ",
+        subsequent_indent="        ",
+    )
     lines += ["", "Returns:", "    This config, for chaining."]
     return "\n".join(lines)
 
@@ -257,8 +315,11 @@ class DreamerV3Config(AlgorithmConfig):
         **kwargs,
     ):
         arguments = dict(locals())  # the parameters by name: no other local exists yet
-        given = {name: value for name, value in arguments.items()
-                 if name in HYPERPARAMETERS and value is not NotProvided}
+        given = {
+            name: value
+            for name, value in arguments.items()
+            if name in HYPERPARAMETERS and value is not NotProvided
+        }
         error = _unknown_training_key(kwargs, super().training)
         if error is not None:
             raise error
@@ -278,8 +339,16 @@ class DreamerV3Config(AlgorithmConfig):
 
     @property
     def _model_config_auto_includes(self):
-        keys = ("model_size", "unimix", "num_bins", "actor_min_std", "actor_max_std",
-                "cnn_kernel", "precision", "jit_compile")
+        keys = (
+            "model_size",
+            "unimix",
+            "num_bins",
+            "actor_min_std",
+            "actor_max_std",
+            "cnn_kernel",
+            "precision",
+            "jit_compile",
+        )
         return super()._model_config_auto_includes | {k: getattr(self, k) for k in keys}
 
     @property
@@ -292,15 +361,17 @@ class DreamerV3Config(AlgorithmConfig):
         if self.framework_str != "tf2":  # before RLlib's checks, which import the framework
             self._value_error(
                 f"framework={self.framework_str!r}: rllib_dreamerv3 is TensorFlow 2 only; use "
-                "config.framework('tf2') (the default) or RLlib's built-in torch DreamerV3.")
+                "config.framework('tf2') (the default) or RLlib's built-in torch DreamerV3."
+            )
         super().validate()
         self._validate_dreamer_values()
         self._validate_env_spaces()
 
     def _validate_dreamer_values(self):
         if self.model_size not in MODEL_SIZES:
-            self._value_error(f"Unknown model_size={self.model_size!r}; use one of "
-                              f"{list(MODEL_SIZES)}.")
+            self._value_error(
+                f"Unknown model_size={self.model_size!r}; use one of {list(MODEL_SIZES)}."
+            )
         for name in _POSITIVE_INTS:
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
@@ -311,25 +382,33 @@ class DreamerV3Config(AlgorithmConfig):
                 self._value_error(f"{name}={value!r} must be an integer >= 0.")
         overlap = self.overlap_policy_and_envs
         if not (isinstance(overlap, bool) or (isinstance(overlap, str) and overlap == "auto")):
-            self._value_error(f"overlap_policy_and_envs={overlap!r} must be 'auto', True or "
-                              "False.")
+            self._value_error(f"overlap_policy_and_envs={overlap!r} must be 'auto', True or False.")
         if overlap is True and self.num_envs_per_env_runner < 2:
-            self._value_error("overlap_policy_and_envs=True needs num_envs_per_env_runner >= 2 "
-                              f"(got {self.num_envs_per_env_runner}): it splits each runner's "
-                              "envs into two groups.")
+            self._value_error(
+                "overlap_policy_and_envs=True needs num_envs_per_env_runner >= 2 "
+                f"(got {self.num_envs_per_env_runner}): it splits each runner's "
+                "envs into two groups."
+            )
         if self.nonfinite_env_data not in NONFINITE_ENV_DATA:
-            self._value_error(f"nonfinite_env_data={self.nonfinite_env_data!r} must be one of "
-                              f"{NONFINITE_ENV_DATA}.")
+            self._value_error(
+                f"nonfinite_env_data={self.nonfinite_env_data!r} must be one of "
+                f"{NONFINITE_ENV_DATA}."
+            )
         for name in _BOOLS:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 self._value_error(f"{name}={value!r} must be True or False.")
         if self.precision not in PRECISIONS:
             self._value_error(f"precision={self.precision!r} must be one of {PRECISIONS}.")
-        if (not isinstance(self.batch_length_T, numbers.Integral)
-                or isinstance(self.batch_length_T, bool) or self.batch_length_T < 2):
-            self._value_error(f"batch_length_T={self.batch_length_T!r} must be an integer >= 2 "
-                              "(the world model learns from transitions within sequences).")
+        if (
+            not isinstance(self.batch_length_T, numbers.Integral)
+            or isinstance(self.batch_length_T, bool)
+            or self.batch_length_T < 2
+        ):
+            self._value_error(
+                f"batch_length_T={self.batch_length_T!r} must be an integer >= 2 "
+                "(the world model learns from transitions within sequences)."
+            )
         if self.dream_every_n_updates:
             self._validate_dream_values()
         for name in _POSITIVE_FLOATS:
@@ -344,24 +423,32 @@ class DreamerV3Config(AlgorithmConfig):
             value = getattr(self, name)
             ok = isinstance(value, numbers.Real) and (
                 (low <= value if low_in else low < value)
-                and (value <= high if high_in else value < high))
+                and (value <= high if high_in else value < high)
+            )
             if not ok:
                 interval = f"{'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
                 self._value_error(f"{name}={value!r} must lie in {interval}.")
         if self.actor_min_std >= self.actor_max_std:
-            self._value_error(f"actor_min_std={self.actor_min_std} must be smaller than "
-                              f"actor_max_std={self.actor_max_std}.")
+            self._value_error(
+                f"actor_min_std={self.actor_min_std} must be smaller than "
+                f"actor_max_std={self.actor_max_std}."
+            )
         if self.replay_capacity < self.batch_length_T:
-            self._value_error(f"replay_capacity={self.replay_capacity} must hold at least one "
-                              f"sequence of batch_length_T={self.batch_length_T} steps.")
+            self._value_error(
+                f"replay_capacity={self.replay_capacity} must hold at least one "
+                f"sequence of batch_length_T={self.batch_length_T} steps."
+            )
         fragment = self.rollout_fragment_length
         if fragment != "auto" and (not isinstance(fragment, numbers.Integral) or fragment <= 0):
-            self._value_error(f"rollout_fragment_length={fragment!r} must be 'auto' or a "
-                              "positive integer (env steps per env per sample call).")
+            self._value_error(
+                f"rollout_fragment_length={fragment!r} must be 'auto' or a "
+                "positive integer (env steps per env per sample call)."
+            )
         if self.num_learners > 1:
             self._value_error(
                 f"num_learners={self.num_learners}: TF learners do not synchronise gradients "
-                "across processes; use num_learners=0 (local) or 1 (one remote Learner).")
+                "across processes; use num_learners=0 (local) or 1 (one remote Learner)."
+            )
         if self.is_multi_agent:
             self._value_error("DreamerV3 is single-agent; multi-agent configs are not supported.")
 
@@ -370,10 +457,12 @@ class DreamerV3Config(AlgorithmConfig):
         if not (isinstance(sequences, numbers.Integral) and sequences >= 1):
             self._value_error(f"dream_num_sequences={sequences!r} must be a positive integer.")
         if not (isinstance(burn_in, numbers.Integral) and 1 <= burn_in < self.batch_length_T):
-            self._value_error(f"dream_burn_in={burn_in!r} must be an integer in "
-                              f"[1, batch_length_T={self.batch_length_T}): the dream observes "
-                              "that many steps, then imagines the rest (or set "
-                              "dream_every_n_updates=0 to turn dreams off).")
+            self._value_error(
+                f"dream_burn_in={burn_in!r} must be an integer in "
+                f"[1, batch_length_T={self.batch_length_T}): the dream observes "
+                "that many steps, then imagines the rest (or set "
+                "dream_every_n_updates=0 to turn dreams off)."
+            )
 
     def _validate_env_spaces(self):
         """Check the env's spaces: those set by `environment(observation_space=...,
@@ -394,15 +483,17 @@ class DreamerV3Config(AlgorithmConfig):
 
     def _validate_replay_memory(self, observation_space, action_space):
         """A full replay buffer must fit into this machine's memory (images: ~12 kB a step)."""
-        per_step = bytes_per_step(observation_space.shape, obs_storage_dtype(observation_space),
-                                  action_dim(action_space))
+        per_step = bytes_per_step(
+            observation_space.shape, obs_storage_dtype(observation_space), action_dim(action_space)
+        )
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if self.replay_capacity * per_step > memory:
             self._value_error(
                 f"replay_capacity={self.replay_capacity} steps of {per_step} bytes need "
                 f"{self.replay_capacity * per_step / 2**30:.1f} GiB, more than this machine's "
                 f"{memory / 2**30:.1f} GiB of memory; lower replay_capacity, e.g. to "
-                f"{int(0.5 * memory / per_step)} steps (half the memory).")
+                f"{int(0.5 * memory / per_step)} steps (half the memory)."
+            )
 
     @property
     def steps_per_sample(self):
@@ -443,9 +534,14 @@ class DreamerV3(Algorithm):
         super().setup(config)
         cfg = self.config
         obs_space, act_space = self.spaces[INPUT_ENV_SINGLE_SPACES]
-        self.replay_buffer = ReplayBuffer(cfg.replay_capacity, cfg.batch_length_T,
-                                          obs_space.shape, obs_storage_dtype(obs_space),
-                                          action_dim(act_space), seed=cfg.seed)
+        self.replay_buffer = ReplayBuffer(
+            cfg.replay_capacity,
+            cfg.batch_length_T,
+            obs_space.shape,
+            obs_storage_dtype(obs_space),
+            action_dim(act_space),
+            seed=cfg.seed,
+        )
         # Ray's own counters (a defaultdict) live in the same dict: add to it, don't replace it.
         self._counters.update(num_updates=0, env_steps_at_learning_start=None)
         self._dreams = None  # the latest dream summaries, until `step` reports them
@@ -455,7 +551,9 @@ class DreamerV3(Algorithm):
                 "Dreams are on (dream_every_n_updates=%d) but moviepy is not installed: "
                 "TensorBoard gets their images, not their videos. pip install "
                 "'rllib-dreamerv3[video]' for videos, or set dream_every_n_updates=0 to turn "
-                "dreams off.", cfg.dream_every_n_updates)
+                "dreams off.",
+                cfg.dream_every_n_updates,
+            )
 
     # --- one training step --------------------------------------------------------------------
     def _env_steps_sampled(self):
@@ -467,8 +565,10 @@ class DreamerV3(Algorithm):
         per_runner = None if num_timesteps is None else -(-num_timesteps // max(1, remote))
 
         def sample(runner):
-            return (runner.sample(num_timesteps=per_runner, random_actions=random_actions),
-                    runner.get_metrics())
+            return (
+                runner.sample(num_timesteps=per_runner, random_actions=random_actions),
+                runner.get_metrics(),
+            )
 
         if remote == 0:
             results = [sample(self.env_runner)]
@@ -507,14 +607,14 @@ class DreamerV3(Algorithm):
                 "the log above; fix the cause and continue from the last checkpoint. "
                 "config.fault_tolerance(restart_failed_env_runners=True) (the default) "
                 "restarts failed EnvRunners, restart_failed_sub_environments=True restarts "
-                "just the failed env.")
+                "just the failed env."
+            )
 
     def training_step(self):
         cfg = self.config
         warmup_left = cfg.num_steps_sampled_before_learning_starts - self._env_steps_sampled()
         if warmup_left > 0 or not self.replay_buffer.can_sample():
-            self._sample(num_timesteps=max(warmup_left, cfg.batch_length_T),
-                         random_actions=True)
+            self._sample(num_timesteps=max(warmup_left, cfg.batch_length_T), random_actions=True)
         else:
             self._sample()
 
@@ -537,16 +637,19 @@ class DreamerV3(Algorithm):
         while self._counters["num_updates"] < target_updates:
             batch = self.replay_buffer.sample(cfg.batch_size_B)
             results = self.learner_group.update(
-                batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)},
-                                      env_steps=replay_per_update),
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled})
+                batch=MultiAgentBatch(
+                    {DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=replay_per_update
+                ),
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled},
+            )
             self.metrics.aggregate(results, key=LEARNER_RESULTS)
             self._counters["num_updates"] += 1
         every = cfg.dream_every_n_updates
         if every and self._counters["num_updates"] // every > updates_before // every:
             self._dreams = self._compute_dreams()
-        self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
-                                           inference_only=True)
+        self.env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group, inference_only=True
+        )
 
     def _log_replay_and_ratio(self, sampled):
         cfg = self.config
@@ -558,13 +661,19 @@ class DreamerV3(Algorithm):
         # Replayed env steps (B*T per update); RLlib's per-learner count sees only B rows when
         # the Learner is remote.
         self.metrics.log_value(NUM_ENV_STEPS_TRAINED_LIFETIME, replayed, window=1)
-        self.metrics.log_value(TRAINING_RATIO_ACHIEVED,
-                               replayed / since_start if since_start > 0 else 0.0, window=1)
-        self.metrics.log_dict({"num_steps_stored": len(self.replay_buffer),
-                               "num_bytes": self.replay_buffer.nbytes,
-                               "capacity_bytes": self.replay_buffer.capacity_nbytes,
-                               "num_steps_added_lifetime": self.replay_buffer.num_steps_added},
-                              key=REPLAY_BUFFER_RESULTS, window=1)
+        self.metrics.log_value(
+            TRAINING_RATIO_ACHIEVED, replayed / since_start if since_start > 0 else 0.0, window=1
+        )
+        self.metrics.log_dict(
+            {
+                "num_steps_stored": len(self.replay_buffer),
+                "num_bytes": self.replay_buffer.nbytes,
+                "capacity_bytes": self.replay_buffer.capacity_nbytes,
+                "num_steps_added_lifetime": self.replay_buffer.num_steps_added,
+            },
+            key=REPLAY_BUFFER_RESULTS,
+            window=1,
+        )
 
     def _compute_dreams(self):
         """Dream summaries of a fresh replay batch, computed by the Learner (it holds the
@@ -593,13 +702,19 @@ class DreamerV3(Algorithm):
         `evaluation_config={"explore": True}`.
         """
         if self.eval_env_runner_group is None:
-            _, env_creator = self._get_env_id_and_creator(self.evaluation_config.env,
-                                                          self.evaluation_config)
+            _, env_creator = self._get_env_id_and_creator(
+                self.evaluation_config.env, self.evaluation_config
+            )
             self.eval_env_runner_group = EnvRunnerGroup(
-                env_creator=env_creator, validate_env=None, config=self.evaluation_config,
+                env_creator=env_creator,
+                validate_env=None,
+                config=self.evaluation_config,
                 default_policy_class=self.get_default_policy_class(self.config),
-                local_env_runner=True, logdir=self.logdir, tune_trial_id=self.trial_id,
-                pg_offset=self.config.num_env_runners)
+                local_env_runner=True,
+                logdir=self.logdir,
+                tune_trial_id=self.trial_id,
+                pg_offset=self.config.num_env_runners,
+            )
         return super().evaluate(parallel_train_future)
 
     # --- the trained module -----------------------------------------------------------------
@@ -615,7 +730,8 @@ class DreamerV3(Algorithm):
         module = super().get_module(module_id)
         if module is not None:
             state = self.learner_group.get_state(
-                components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{module_id}")
+                components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{module_id}"
+            )
             module.set_state(state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][module_id])
         return module
 
@@ -629,26 +745,33 @@ class DreamerV3(Algorithm):
     def _check_checkpoint_info(self, path, info):
         stored = info.get("replay_buffer")
         if stored is not None and stored != self.replay_buffer.spec:
-            diffs = ", ".join(f"{key}={stored[key]!r} (here {value!r})"
-                              for key, value in self.replay_buffer.spec.items()
-                              if stored.get(key) != value)
+            diffs = ", ".join(
+                f"{key}={stored[key]!r} (here {value!r})"
+                for key, value in self.replay_buffer.spec.items()
+                if stored.get(key) != value
+            )
             raise checkpoints.CheckpointError(
                 f"Checkpoint {path} holds a replay buffer with {diffs}; this algorithm's buffer "
                 "cannot take it. Restore with the checkpoint's settings (DreamerV3."
                 "from_checkpoint(path) uses them), or set replay_capacity to the checkpoint's. "
-                "Nothing was restored.")
+                "Nothing was restored."
+            )
 
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False):
         """RLlib's `save_to_path`; a local `path` is written crash-safely (a temporary sibling
         directory, a manifest of checksums, then a rename), so overwriting an existing
         checkpoint never leaves a mix of two saves."""
         if path is None or filesystem is not None or not checkpoints.is_local(path):
-            return super().save_to_path(path, state=state, filesystem=filesystem,
-                                        use_msgpack=use_msgpack)
+            return super().save_to_path(
+                path, state=state, filesystem=filesystem, use_msgpack=use_msgpack
+            )
         return checkpoints.save_atomically(
-            path, lambda tmp: super(DreamerV3, self).save_to_path(
-                tmp, state=state, use_msgpack=use_msgpack),
-            info=self._checkpoint_info())
+            path,
+            lambda tmp: super(DreamerV3, self).save_to_path(
+                tmp, state=state, use_msgpack=use_msgpack
+            ),
+            info=self._checkpoint_info(),
+        )
 
     def restore_from_path(self, path, *, component=None, filesystem=None, **kwargs):
         """RLlib's `restore_from_path`, after checking a local checkpoint: every file against

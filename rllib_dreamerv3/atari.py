@@ -18,12 +18,24 @@ import gymnasium as gym
 
 # name -> (default, description). The only settings of an Atari env; everything else is fixed.
 ENV_CONFIG = {
-    "protocol": ("atari", ("'atari': sticky actions with p = 0.25 (the paper's Atari setup); "
-                           "'atari100k': no sticky actions (the Atari100k benchmark)")),
-    "grayscale": (False, ("True: one gray channel, observations (64, 64, 1); "
-                          "False: RGB, observations (64, 64, 3)")),
-    "render_mode": (None, ("None, 'rgb_array' or 'human': the ALE's render mode "
-                           "(e.g. 'rgb_array' to record videos); observations are unchanged")),
+    "protocol": (
+        "atari",
+        (
+            "'atari': sticky actions with p = 0.25 (the paper's Atari setup); "
+            "'atari100k': no sticky actions (the Atari100k benchmark)"
+        ),
+    ),
+    "grayscale": (
+        False,
+        ("True: one gray channel, observations (64, 64, 1); False: RGB, observations (64, 64, 3)"),
+    ),
+    "render_mode": (
+        None,
+        (
+            "None, 'rgb_array' or 'human': the ALE's render mode "
+            "(e.g. 'rgb_array' to record videos); observations are unchanged"
+        ),
+    ),
 }
 RENDER_MODES = (None, "rgb_array", "human")
 STICKY_ACTION_PROBABILITY = {"atari": 0.25, "atari100k": 0.0}
@@ -46,19 +58,26 @@ def atari_settings(env_config=None):
         if key not in ENV_CONFIG:
             close = difflib.get_close_matches(str(key), list(ENV_CONFIG), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            valid = "; ".join(f"{name!r} (default {default!r}): {doc}"
-                              for name, (default, doc) in ENV_CONFIG.items())
+            valid = "; ".join(
+                f"{name!r} (default {default!r}): {doc}"
+                for name, (default, doc) in ENV_CONFIG.items()
+            )
             raise ValueError(f"Unknown Atari env_config key {key!r}.{hint} Valid keys: {valid}.")
     settings = {name: env_config.get(name, default) for name, (default, _) in ENV_CONFIG.items()}
     if settings["protocol"] not in STICKY_ACTION_PROBABILITY:
-        raise ValueError(f"Atari env_config protocol={settings['protocol']!r} is unknown; use "
-                         f"one of {list(STICKY_ACTION_PROBABILITY)}.")
+        raise ValueError(
+            f"Atari env_config protocol={settings['protocol']!r} is unknown; use "
+            f"one of {list(STICKY_ACTION_PROBABILITY)}."
+        )
     if not isinstance(settings["grayscale"], bool):
-        raise ValueError(f"Atari env_config grayscale={settings['grayscale']!r} must be True "
-                         "or False.")
+        raise ValueError(
+            f"Atari env_config grayscale={settings['grayscale']!r} must be True or False."
+        )
     if settings["render_mode"] not in RENDER_MODES:
-        raise ValueError(f"Atari env_config render_mode={settings['render_mode']!r} is unknown; "
-                         f"use one of {list(RENDER_MODES)}.")
+        raise ValueError(
+            f"Atari env_config render_mode={settings['render_mode']!r} is unknown; "
+            f"use one of {list(RENDER_MODES)}."
+        )
     return settings
 
 
@@ -70,8 +89,10 @@ def make_atari_env(env_id, env_config=None):
     settings = atari_settings(env_config)
     game_id = f"ALE/{match['game']}-v5"
     if match["version"] != "5":
-        raise ValueError(f"{env_id!r}: only the ALE's v5 ids are supported; use {game_id!r} "
-                         "(frame skip, sticky actions and action set are set as in the paper).")
+        raise ValueError(
+            f"{env_id!r}: only the ALE's v5 ids are supported; use {game_id!r} "
+            "(frame skip, sticky actions and action set are set as in the paper)."
+        )
     import ale_py
 
     gym.register_envs(ale_py)
@@ -79,15 +100,27 @@ def make_atari_env(env_id, env_config=None):
         known = [name for name in gym.registry if _ATARI_ID.fullmatch(name)]
         close = difflib.get_close_matches(game_id, known, n=3)
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"Unknown Atari game {env_id!r}.{hint} ale-py has {len(known)} games, "
-                         "e.g. 'ALE/Pong-v5', 'ALE/Breakout-v5'.")
+        raise ValueError(
+            f"Unknown Atari game {env_id!r}.{hint} ale-py has {len(known)} games, "
+            "e.g. 'ALE/Pong-v5', 'ALE/Breakout-v5'."
+        )
     # Frame skipping is left to AtariPreprocessing (frameskip=1 here) so that it can max-pool
     # the last two frames; the ALE then applies sticky actions on every emulator frame.
-    env = gym.make(game_id, frameskip=1, full_action_space=True,
-                   repeat_action_probability=STICKY_ACTION_PROBABILITY[settings["protocol"]],
-                   max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
-                   render_mode=settings["render_mode"])
+    env = gym.make(
+        game_id,
+        frameskip=1,
+        full_action_space=True,
+        repeat_action_probability=STICKY_ACTION_PROBABILITY[settings["protocol"]],
+        max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
+        render_mode=settings["render_mode"],
+    )
     return gym.wrappers.AtariPreprocessing(
-        env, noop_max=0, frame_skip=ACTION_REPEAT, screen_size=SCREEN_SIZE,
-        terminal_on_life_loss=False, grayscale_obs=settings["grayscale"],
-        grayscale_newaxis=True, scale_obs=False)
+        env,
+        noop_max=0,
+        frame_skip=ACTION_REPEAT,
+        screen_size=SCREEN_SIZE,
+        terminal_on_life_loss=False,
+        grayscale_obs=settings["grayscale"],
+        grayscale_newaxis=True,
+        scale_obs=False,
+    )

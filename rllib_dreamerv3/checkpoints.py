@@ -51,8 +51,11 @@ def _files(directory):
 def write_manifest(directory, info=None):
     """Record size and SHA-256 of every file below `directory`, plus `info` (JSON values)."""
     directory = pathlib.Path(directory)
-    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in _files(directory) if p.name != MANIFEST}
+    files = {
+        p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in _files(directory)
+        if p.name != MANIFEST
+    }
     manifest = {"version": MANIFEST_VERSION, "files": files, "info": info or {}}
     tmp = directory / (MANIFEST + _TMP)
     tmp.write_text(json.dumps(manifest, indent=1))
@@ -67,8 +70,10 @@ def read_manifest(directory):
     try:
         return json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{file} is damaged ({err}); the checkpoint cannot be verified. "
-                              "Restore an earlier checkpoint.") from None
+        raise CheckpointError(
+            f"{file} is damaged ({err}); the checkpoint cannot be verified. "
+            "Restore an earlier checkpoint."
+        ) from None
 
 
 def verify(directory, prefixes=None):
@@ -82,8 +87,9 @@ def verify(directory, prefixes=None):
     directory = pathlib.Path(directory)
     manifest = read_manifest(directory)
     if manifest is None:
-        logger.warning("Checkpoint %s has no %s: its files cannot be verified.", directory,
-                       MANIFEST)
+        logger.warning(
+            "Checkpoint %s has no %s: its files cannot be verified.", directory, MANIFEST
+        )
         return None
     for name, expected in manifest["files"].items():
         if prefixes is not None and not name.startswith(tuple(prefixes)):
@@ -97,8 +103,10 @@ def verify(directory, prefixes=None):
         elif _sha256(file) != expected["sha256"]:
             problem = "does not match its checksum (the file was altered or damaged)"
         if problem:
-            raise CheckpointError(f"Checkpoint file {file} {problem}. The checkpoint is not "
-                                  "usable; restore an earlier one.")
+            raise CheckpointError(
+                f"Checkpoint file {file} {problem}. The checkpoint is not "
+                "usable; restore an earlier one."
+            )
     return manifest
 
 

@@ -33,10 +33,22 @@ from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
-EXPERIMENT_KEYS = ("env", "run", "stop", "config", "checkpoint_config", "num_samples",
-                   "storage_path")
-CHECKPOINT_CONFIG_KEYS = ("checkpoint_frequency", "checkpoint_at_end", "num_to_keep",
-                          "checkpoint_score_attribute", "checkpoint_score_order")
+EXPERIMENT_KEYS = (
+    "env",
+    "run",
+    "stop",
+    "config",
+    "checkpoint_config",
+    "num_samples",
+    "storage_path",
+)
+CHECKPOINT_CONFIG_KEYS = (
+    "checkpoint_frequency",
+    "checkpoint_at_end",
+    "num_to_keep",
+    "checkpoint_score_attribute",
+    "checkpoint_score_order",
+)
 # The learner-side metrics shown in the progress line, in this order.
 PROGRESS_LOSSES = ("L_world_model", "L_actor", "L_critic")
 _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
@@ -44,14 +56,32 @@ _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
 # The result keys that `stop` criteria name, '/'-separated where nested (Tune flattens results).
 # Top-level numbers every DreamerV3 iteration reports (Tune's, RLlib's and DreamerV3's counters):
 # a stop key very close to one of them but not equal is a misspelling, caught before Ray starts.
-TOP_LEVEL_RESULT_KEYS = ("training_iteration", "time_total_s", "time_this_iter_s",
-                         "time_since_restore", "iterations_since_restore", "timestamp",
-                         "num_env_steps_sampled_lifetime", "num_env_steps_trained_lifetime",
-                         "num_updates_lifetime", "num_training_step_calls_per_iteration",
-                         "training_ratio_achieved")
+TOP_LEVEL_RESULT_KEYS = (
+    "training_iteration",
+    "time_total_s",
+    "time_this_iter_s",
+    "time_since_restore",
+    "iterations_since_restore",
+    "timestamp",
+    "num_env_steps_sampled_lifetime",
+    "num_env_steps_trained_lifetime",
+    "num_updates_lifetime",
+    "num_training_step_calls_per_iteration",
+    "training_ratio_achieved",
+)
 # Top-level groups of a DreamerV3 result: `env_runners/episode_return_mean` names a value inside.
-RESULT_GROUPS = ("env_runners", "learners", "evaluation", "replay_buffer", "timers", "perf",
-                 "fault_tolerance", "env_runner_group", "dreams", "config")
+RESULT_GROUPS = (
+    "env_runners",
+    "learners",
+    "evaluation",
+    "replay_buffer",
+    "timers",
+    "perf",
+    "fault_tolerance",
+    "env_runner_group",
+    "dreams",
+    "config",
+)
 # Result keys of RLlib's old API stack, which DreamerV3 (new API stack) never reports.
 OLD_API_RESULT_KEYS = {
     "timesteps_total": "num_env_steps_sampled_lifetime",
@@ -69,22 +99,41 @@ OLD_API_RESULT_KEYS = {
 # episode has ended, evaluation results once evaluation has run, dream summaries every
 # `dream_every_n_updates` updates, throughputs (any `*_throughput`) from the second report on,
 # counters of rare events. A stop key naming one of them is waited for, never called misspelt.
-LATE_RESULT_NAMES = frozenset((
-    "episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean",
-    "episode_len_min", "episode_len_max", "num_episodes", "num_episodes_lifetime",
-    "evaluation", "dreams", "throughput_since_last_reduce", "throughput_since_last_restore",
-    "evaluation_iteration", "restore_eval_env_runners", "synch_env_connectors",
-    "actor_manager_num_outstanding_async_reqs", "num_healthy_workers",
-    "num_env_runners_dropped_lifetime", "num_remote_worker_restarts",
-    "num_nonfinite_env_steps_skipped", "num_sub_env_restarts"))
+LATE_RESULT_NAMES = frozenset(
+    (
+        "episode_return_mean",
+        "episode_return_min",
+        "episode_return_max",
+        "episode_len_mean",
+        "episode_len_min",
+        "episode_len_max",
+        "num_episodes",
+        "num_episodes_lifetime",
+        "evaluation",
+        "dreams",
+        "throughput_since_last_reduce",
+        "throughput_since_last_restore",
+        "evaluation_iteration",
+        "restore_eval_env_runners",
+        "synch_env_connectors",
+        "actor_manager_num_outstanding_async_reqs",
+        "num_healthy_workers",
+        "num_env_runners_dropped_lifetime",
+        "num_remote_worker_restarts",
+        "num_nonfinite_env_steps_skipped",
+        "num_sub_env_restarts",
+    )
+)
 # How alike (difflib's ratio) a name must be to a known one to be called its misspelling: the
 # static check, which sees no result, only flags near-identical names.
 STATIC_TYPO_CUTOFF = 0.9
 RESULT_TYPO_CUTOFF = 0.8
-STOP_KEYS_HELP = ("Stop keys name numbers in the training results, '/'-separated where nested "
-                  "(e.g. training_iteration, num_env_steps_sampled_lifetime, "
-                  "env_runners/episode_return_mean); every result key is a column of a trial's "
-                  "progress.csv.")
+STOP_KEYS_HELP = (
+    "Stop keys name numbers in the training results, '/'-separated where nested "
+    "(e.g. training_iteration, num_env_steps_sampled_lifetime, "
+    "env_runners/episode_return_mean); every result key is a column of a trial's "
+    "progress.csv."
+)
 
 
 class CliError(Exception):
@@ -95,9 +144,12 @@ class CliError(Exception):
 def load_experiments(path):
     """`{name: spec}` from an RLlib-style YAML file, or a `CliError` that names the file."""
     if not os.path.isfile(path):
-        hint = (" It is a directory; give the .yaml file inside it." if os.path.isdir(path)
-                else " Check the path (relative paths start from the current directory, "
-                f"{os.getcwd()}).")
+        hint = (
+            " It is a directory; give the .yaml file inside it."
+            if os.path.isdir(path)
+            else " Check the path (relative paths start from the current directory, "
+            f"{os.getcwd()})."
+        )
         raise CliError(f"{path}: no such file.{hint}")
     try:
         with open(path) as f:
@@ -106,16 +158,22 @@ def load_experiments(path):
         where = getattr(err, "problem_mark", None)
         line = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
         problem = getattr(err, "problem", None) or str(err)
-        raise CliError(f"{path}: not valid YAML{line}: {problem}. Fix the syntax; the file "
-                       "maps experiment names to {env, run, stop, config}.") from None
+        raise CliError(
+            f"{path}: not valid YAML{line}: {problem}. Fix the syntax; the file "
+            "maps experiment names to {env, run, stop, config}."
+        ) from None
     if not isinstance(experiments, dict) or not experiments:
-        raise CliError(f"{path}: expected a mapping of experiment names to experiments "
-                       "(`my-experiment: {env: CartPole-v1, run: DreamerV3, stop: {...}, "
-                       f"config: {{...}}}}`), found {type(experiments).__name__}.")
+        raise CliError(
+            f"{path}: expected a mapping of experiment names to experiments "
+            "(`my-experiment: {env: CartPole-v1, run: DreamerV3, stop: {...}, "
+            f"config: {{...}}}}`), found {type(experiments).__name__}."
+        )
     for name, spec in experiments.items():
         if not isinstance(spec, dict):
-            raise CliError(f"{path}: experiment {name!r} must be a mapping with the keys "
-                           f"{list(EXPERIMENT_KEYS)}, found {type(spec).__name__}.")
+            raise CliError(
+                f"{path}: experiment {name!r} must be a mapping with the keys "
+                f"{list(EXPERIMENT_KEYS)}, found {type(spec).__name__}."
+            )
     return experiments
 
 
@@ -165,8 +223,10 @@ def _yaml_number_hint(config_dict):
                 float(value)
             except ValueError:
                 continue
-            return (f" Note: YAML reads `{key}: {value}` as a string; write it with a dot "
-                    f"(e.g. 1.0e-3) or as a decimal (0.001).")
+            return (
+                f" Note: YAML reads `{key}: {value}` as a string; write it with a dot "
+                f"(e.g. 1.0e-3) or as a decimal (0.001)."
+            )
     return ""
 
 
@@ -178,14 +238,22 @@ def _env_problem(env, err):
     import gymnasium as gym
     from ray.tune.registry import ENV_CREATOR, _global_registry
 
-    unknown_id = (isinstance(env, str) and "." not in env and env not in gym.registry
-                  and not _global_registry.contains(ENV_CREATOR, env))
+    unknown_id = (
+        isinstance(env, str)
+        and "." not in env
+        and env not in gym.registry
+        and not _global_registry.contains(ENV_CREATOR, env)
+    )
     if unknown_id:
-        return (f"env: {env!r} is neither a gymnasium id nor registered with "
-                f"ray.tune.register_env.{_did_you_mean(env, gym.registry)} Use a gymnasium id "
-                "(e.g. CartPole-v1), a module.Class path, or register the env in Python first.")
-    return (f"env: {env!r} could not be created: {_one_paragraph(err.__cause__)[:500]} Check "
-            "the env's name and its env_config.")
+        return (
+            f"env: {env!r} is neither a gymnasium id nor registered with "
+            f"ray.tune.register_env.{_did_you_mean(env, gym.registry)} Use a gymnasium id "
+            "(e.g. CartPole-v1), a module.Class path, or register the env in Python first."
+        )
+    return (
+        f"env: {env!r} could not be created: {_one_paragraph(err.__cause__)[:500]} Check "
+        "the env's name and its env_config."
+    )
 
 
 def check_stop(where, stop):
@@ -198,12 +266,15 @@ def check_stop(where, stop):
     """
     for key, value in stop.items():
         if not isinstance(key, str):
-            raise CliError(f"{where}: stop key {key!r} must be the name of a result, e.g. "
-                           "training_iteration.")
+            raise CliError(
+                f"{where}: stop key {key!r} must be the name of a result, e.g. training_iteration."
+            )
         if isinstance(value, dict):  # Tune compares flattened keys: `group/name`, not a mapping
             inner = next(iter(value), "episode_return_mean")
-            raise CliError(f"{where}: stop: {key}: {value!r} is a mapping, not a number; write "
-                           f"nested result keys with slashes, e.g. `{key}/{inner}: 450`.")
+            raise CliError(
+                f"{where}: stop: {key}: {value!r} is a mapping, not a number; write "
+                f"nested result keys with slashes, e.g. `{key}/{inner}: 450`."
+            )
         number = isinstance(value, numbers.Real) and not isinstance(value, bool)
         if not number or math.isnan(value):
             hint = ""
@@ -214,29 +285,40 @@ def check_stop(where, stop):
                     parsed = math.nan
                 if math.isfinite(parsed):  # YAML reads 1e5 (no dot) and "100" as strings
                     plain = int(parsed) if parsed.is_integer() else parsed
-                    hint = (f" YAML reads {value!r} as a string (a quoted number, or an exponent "
-                            f"without a dot); write {plain!r}.")
-            raise CliError(f"{where}: stop: {key}: {value!r} is not a number. A stop criterion "
-                           f"ends training once the result {key!r} reaches its value, e.g. "
-                           f"`{key}: 100`.{hint}")
+                    hint = (
+                        f" YAML reads {value!r} as a string (a quoted number, or an exponent "
+                        f"without a dot); write {plain!r}."
+                    )
+            raise CliError(
+                f"{where}: stop: {key}: {value!r} is not a number. A stop criterion "
+                f"ends training once the result {key!r} reaches its value, e.g. "
+                f"`{key}: 100`.{hint}"
+            )
         if key in OLD_API_RESULT_KEYS:
-            raise CliError(f"{where}: stop key {key!r} is a result of RLlib's old API stack, "
-                           f"which DreamerV3 does not report; use "
-                           f"{OLD_API_RESULT_KEYS[key]!r}. {STOP_KEYS_HELP}")
+            raise CliError(
+                f"{where}: stop key {key!r} is a result of RLlib's old API stack, "
+                f"which DreamerV3 does not report; use "
+                f"{OLD_API_RESULT_KEYS[key]!r}. {STOP_KEYS_HELP}"
+            )
         first, _, rest = key.partition("/")
         if not rest and first in RESULT_GROUPS:
-            raise CliError(f"{where}: stop key {key!r} is a group of results, not a number; "
-                           f"name one inside it, e.g. 'env_runners/episode_return_mean'. "
-                           f"{STOP_KEYS_HELP}")
+            raise CliError(
+                f"{where}: stop key {key!r} is a group of results, not a number; "
+                f"name one inside it, e.g. 'env_runners/episode_return_mean'. "
+                f"{STOP_KEYS_HELP}"
+            )
         if rest and first in TOP_LEVEL_RESULT_KEYS:
-            raise CliError(f"{where}: stop key {key!r}: {first!r} is a number, not a group of "
-                           f"results; stop on {first!r} itself. {STOP_KEYS_HELP}")
+            raise CliError(
+                f"{where}: stop key {key!r}: {first!r} is a number, not a group of "
+                f"results; stop on {first!r} itself. {STOP_KEYS_HELP}"
+            )
         known = TOP_LEVEL_RESULT_KEYS if not rest else RESULT_GROUPS
         close = first not in known and _closest(first, known, STATIC_TYPO_CUTOFF)
         if close:
             fix = f"{close}/{rest}" if rest else close
-            raise CliError(f"{where}: unknown stop key {key!r}. Did you mean {fix!r}? "
-                           f"{STOP_KEYS_HELP}")
+            raise CliError(
+                f"{where}: unknown stop key {key!r}. Did you mean {fix!r}? {STOP_KEYS_HELP}"
+            )
 
 
 def check_experiment(source, name, spec):
@@ -248,33 +330,42 @@ def check_experiment(source, name, spec):
     where = f"{source}, experiment {name!r}"
     for key in spec:
         if key not in EXPERIMENT_KEYS:
-            raise CliError(f"{where}: unknown key {key!r}.{_did_you_mean(key, EXPERIMENT_KEYS)}"
-                           f" An experiment has the keys {list(EXPERIMENT_KEYS)}.")
+            raise CliError(
+                f"{where}: unknown key {key!r}.{_did_you_mean(key, EXPERIMENT_KEYS)}"
+                f" An experiment has the keys {list(EXPERIMENT_KEYS)}."
+            )
     run = spec.get("run")
     if run not in ALGORITHMS:
         raise CliError(
             f"{where}: run: {run!r} is not an algorithm this command knows."
             f"{_did_you_mean(run, ALGORITHMS)} Use one of {list(ALGORITHMS)} (rllib-dreamerv3 "
-            "provides DreamerV3 only; RLlib's own algorithms run from Python).")
+            "provides DreamerV3 only; RLlib's own algorithms run from Python)."
+        )
     config = spec.get("config") or {}
     if not isinstance(config, dict):
-        raise CliError(f"{where}: config must be a mapping of config keys to values, found "
-                       f"{type(config).__name__}.")
+        raise CliError(
+            f"{where}: config must be a mapping of config keys to values, found "
+            f"{type(config).__name__}."
+        )
     key = unknown_config_key(config)
     if key is not None:
         raise CliError(
             f"{where}: unknown config key {key!r}.{_did_you_mean(key, known_config_keys())} "
             "DreamerV3's hyperparameters are the names in HYPERPARAMETERS "
             "(rllib_dreamerv3/config.py); any other key must be an AlgorithmConfig setting "
-            "(e.g. num_env_runners, gamma).")
+            "(e.g. num_env_runners, gamma)."
+        )
     env = spec.get("env", config.get("env"))
     if env is None:
-        raise CliError(f"{where}: no env. Add `env: CartPole-v1` (a gymnasium id, a name "
-                       "registered with ray.tune.register_env, or a module.Class path).")
+        raise CliError(
+            f"{where}: no env. Add `env: CartPole-v1` (a gymnasium id, a name "
+            "registered with ray.tune.register_env, or a module.Class path)."
+        )
     param_space = {**config, "env": env}
     try:
         DreamerV3Config().update_from_dict(
-            {k: _first_variant(v) for k, v in param_space.items()}).validate()
+            {k: _first_variant(v) for k, v in param_space.items()}
+        ).validate()
     except ValueError as err:
         if err.__cause__ is not None:  # `make_env` could not create the env
             raise CliError(f"{where}: {_env_problem(env, err)}") from None
@@ -282,19 +373,24 @@ def check_experiment(source, name, spec):
         raise CliError(f"{where}: {message}{_yaml_number_hint(config)}") from None
     stop = spec.get("stop") or {}
     if not isinstance(stop, dict):
-        raise CliError(f"{where}: stop must map result keys to thresholds, e.g. "
-                       "{training_iteration: 10, env_runners/episode_return_mean: 450}.")
+        raise CliError(
+            f"{where}: stop must map result keys to thresholds, e.g. "
+            "{training_iteration: 10, env_runners/episode_return_mean: 450}."
+        )
     check_stop(where, stop)
     checkpoint_config = spec.get("checkpoint_config") or {}
     if not isinstance(checkpoint_config, dict):
-        raise CliError(f"{where}: checkpoint_config must be a mapping, e.g. "
-                       "{checkpoint_frequency: 10, checkpoint_at_end: true}.")
+        raise CliError(
+            f"{where}: checkpoint_config must be a mapping, e.g. "
+            "{checkpoint_frequency: 10, checkpoint_at_end: true}."
+        )
     for key in checkpoint_config:
         if key not in CHECKPOINT_CONFIG_KEYS:
             raise CliError(
                 f"{where}: unknown checkpoint_config key {key!r}."
                 f"{_did_you_mean(key, CHECKPOINT_CONFIG_KEYS)} Use {list(CHECKPOINT_CONFIG_KEYS)}"
-                " (ray.tune.CheckpointConfig).")
+                " (ray.tune.CheckpointConfig)."
+            )
     num_samples = spec.get("num_samples", 1)
     if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
         raise CliError(f"{where}: num_samples={num_samples!r} must be a positive integer.")
@@ -307,11 +403,12 @@ def _parse_mapping(text, option):
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or _one_paragraph(err)
-        raise CliError(f"{option} {text!r} is not valid JSON/YAML ({problem}). Quote it for "
-                       "the shell, e.g. --config '{\"model_size\": \"micro\"}'.") from None
+        raise CliError(
+            f"{option} {text!r} is not valid JSON/YAML ({problem}). Quote it for "
+            'the shell, e.g. --config \'{"model_size": "micro"}\'.'
+        ) from None
     if not isinstance(value, dict):
-        raise CliError(f"{option} {text!r} must be a mapping, e.g. '{{\"model_size\": "
-                       "\"micro\"}'.")
+        raise CliError(f'{option} {text!r} must be a mapping, e.g. \'{{"model_size": "micro"}}\'.')
     return value
 
 
@@ -388,7 +485,7 @@ class ProgressLines(tune.Callback):
 
 def _names_below(flat_result, prefix):
     head = f"{prefix}/" if prefix else ""
-    return {key[len(head):].split("/")[0] for key in flat_result if key.startswith(head)}
+    return {key[len(head) :].split("/")[0] for key in flat_result if key.startswith(head)}
 
 
 def diagnose_stop_key(key, flat_result):
@@ -409,20 +506,23 @@ def diagnose_stop_key(key, flat_result):
         if name not in names:
             break
     else:  # every name exists, yet the key is no value: it is a group
-        inside = min((k for k in flat_result if k.startswith(f"{key}/")),
-                     key=lambda k: ("/_" in k, k))  # not one of RLlib's `__all_modules__`
-        return True, (f"it is a group of results, not a number; name one inside it, e.g. "
-                      f"{inside!r}.")
+        inside = min(
+            (k for k in flat_result if k.startswith(f"{key}/")), key=lambda k: ("/_" in k, k)
+        )  # not one of RLlib's `__all_modules__`
+        return True, (
+            f"it is a group of results, not a number; name one inside it, e.g. {inside!r}."
+        )
     if name in LATE_RESULT_NAMES or name.endswith("_throughput"):
         return None
     close = _closest(name, names, RESULT_TYPO_CUTOFF)
     if close is None:
         return False, "and no result key is close to it"
-    fix = "/".join([*parts[:depth], close, *parts[depth + 1:]])
+    fix = "/".join([*parts[:depth], close, *parts[depth + 1 :]])
     if fix not in flat_result:  # later names may be misspelt too: the nearest key in that group
         group = "/".join([*parts[:depth], close])
-        fix = _closest(fix, [k for k in flat_result if k == group or k.startswith(f"{group}/")],
-                       0.0)
+        fix = _closest(
+            fix, [k for k in flat_result if k == group or k.startswith(f"{group}/")], 0.0
+        )
     return True, f"Did you mean {fix!r}?"
 
 
@@ -459,15 +559,21 @@ class StopCriteria(tune.Stopper):
                 continue
             fatal, detail = diagnosis
             if fatal:
-                self.problem = (f"{self.where}: stop key {key!r} is not in the results of "
-                                f"iteration {iteration}: {detail} {STOP_KEYS_HELP} Training "
-                                "was stopped.")
+                self.problem = (
+                    f"{self.where}: stop key {key!r} is not in the results of "
+                    f"iteration {iteration}: {detail} {STOP_KEYS_HELP} Training "
+                    "was stopped."
+                )
                 return True
             if key not in self._reported:
                 self._reported.add(key)
-                print(f"{self.where}: warning: stop key {key!r} is not in the results of "
-                      f"iteration {iteration} ({detail}); if it is never reported, only the "
-                      "other stop keys or Ctrl-C end training.", file=sys.stderr, flush=True)
+                print(
+                    f"{self.where}: warning: stop key {key!r} is not in the results of "
+                    f"iteration {iteration} ({detail}); if it is never reported, only the "
+                    "other stop keys or Ctrl-C end training.",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for key, threshold in self.stop.items():
             if key not in flat:
                 continue
@@ -475,9 +581,11 @@ class StopCriteria(tune.Stopper):
                 if flat[key] >= threshold:
                     return True
             except (TypeError, ValueError):  # a string, or an array with several entries
-                self.problem = (f"{self.where}: stop key {key!r} is {flat[key]!r} in the "
-                                f"results, not a number that can reach {threshold!r}. "
-                                f"{STOP_KEYS_HELP} Training was stopped.")
+                self.problem = (
+                    f"{self.where}: stop key {key!r} is {flat[key]!r} in the "
+                    f"results, not a number that can reach {threshold!r}. "
+                    f"{STOP_KEYS_HELP} Training was stopped."
+                )
                 return True
         return False
 
@@ -489,21 +597,31 @@ def run_experiments(experiments, source, args):
     """Run every experiment with Tune, one after the other; 0 if every trial finished cleanly."""
     checked = {name: check_experiment(source, name, spec) for name, spec in experiments.items()}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by Ray's worker processes
-    ray.init(num_cpus=getattr(args, "num_cpus", None), include_dashboard=False,
-             ignore_reinit_error=True)
+    ray.init(
+        num_cpus=getattr(args, "num_cpus", None), include_dashboard=False, ignore_reinit_error=True
+    )
     failed = 0
     for name, (run, param_space, stop, checkpoint_config, num_samples, storage) in checked.items():
         if not stop:
-            print(f"{name}: no stop criterion, training runs until Ctrl-C (add "
-                  "--stop '{training_iteration: 10}').", flush=True)
+            print(
+                f"{name}: no stop criterion, training runs until Ctrl-C (add "
+                "--stop '{training_iteration: 10}').",
+                flush=True,
+            )
         stopper = StopCriteria(stop, f"{source}, experiment {name!r}") if stop else None
         tuner = tune.Tuner(
-            run, param_space=param_space,
+            run,
+            param_space=param_space,
             tune_config=tune.TuneConfig(num_samples=num_samples),
             run_config=tune.RunConfig(
-                name=name, stop=stopper, storage_path=storage and os.path.abspath(storage),
+                name=name,
+                stop=stopper,
+                storage_path=storage and os.path.abspath(storage),
                 checkpoint_config=tune.CheckpointConfig(**checkpoint_config),
-                callbacks=[ProgressLines()], verbose=getattr(args, "verbose", 1)))
+                callbacks=[ProgressLines()],
+                verbose=getattr(args, "verbose", 1),
+            ),
+        )
         results = tuner.fit()
         if stopper is not None and stopper.problem:  # Tune stopped cleanly; say why, exit 2
             raise CliError(stopper.problem)
@@ -512,17 +630,26 @@ def run_experiments(experiments, source, args):
             if result.error is not None:
                 failed += 1
                 last_line = (str(result.error).strip().splitlines() or [""])[-1]
-                print(f"{label}: FAILED ({type(result.error).__name__}: {last_line}). "
-                      f"Full traceback: {os.path.join(result.path, 'error.txt')}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{label}: FAILED ({type(result.error).__name__}: {last_line}). "
+                    f"Full traceback: {os.path.join(result.path, 'error.txt')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 continue
             checkpoint = result.checkpoint.path if result.checkpoint else None
             print(f"{label}: {progress_line('done,', result.metrics)}", flush=True)
             if checkpoint:
-                print(f"  checkpoint: {checkpoint}\n  evaluate:   rllib evaluate {checkpoint} "
-                      "--episodes 10", flush=True)
-        print(f"{name}: results in {results.experiment_path} (tensorboard --logdir "
-              f"{results.experiment_path})", flush=True)
+                print(
+                    f"  checkpoint: {checkpoint}\n  evaluate:   rllib evaluate {checkpoint} "
+                    "--episodes 10",
+                    flush=True,
+                )
+        print(
+            f"{name}: results in {results.experiment_path} (tensorboard --logdir "
+            f"{results.experiment_path})",
+            flush=True,
+        )
     return 1 if failed else 0
 
 
@@ -542,37 +669,49 @@ def _checkpoint_candidates(path):
 def load_checkpoint_config(path):
     """The `DreamerV3Config` saved in an Algorithm checkpoint, or a `CliError` that says why not."""
     if not os.path.exists(path):
-        raise CliError(f"{path}: no such checkpoint directory. Give the checkpoint_NNNNNN "
-                       "directory printed at the end of `rllib train`, or the path of "
-                       "`algo.save_to_path()`.")
+        raise CliError(
+            f"{path}: no such checkpoint directory. Give the checkpoint_NNNNNN "
+            "directory printed at the end of `rllib train`, or the path of "
+            "`algo.save_to_path()`."
+        )
     if not os.path.isdir(path):
         raise CliError(f"{path}: is a file; a checkpoint is a directory (checkpoint_NNNNNN).")
     ctor_file = os.path.join(path, "class_and_ctor_args.pkl")
     checkpoints.recover_interrupted_save(path)
     try:  # the files evaluation reads: the config and the policy's weights
-        checkpoints.verify(path, prefixes=("class_and_ctor_args.pkl",
-                                           MODULE_STATE_DIR.replace(os.sep, "/")))
+        checkpoints.verify(
+            path, prefixes=("class_and_ctor_args.pkl", MODULE_STATE_DIR.replace(os.sep, "/"))
+        )
     except checkpoints.CheckpointError as err:
         raise CliError(str(err)) from None
     if not os.path.isfile(ctor_file) or not os.path.isdir(os.path.join(path, MODULE_STATE_DIR)):
         candidates = _checkpoint_candidates(path)
-        hint = (f" Checkpoints below it: {', '.join(candidates[-3:])}." if candidates else
-                " Nothing below it looks like one either; was the run checkpointed "
-                "(--checkpoint-freq, checkpoint_at_end)?")
-        raise CliError(f"{path}: not an RLlib Algorithm checkpoint (no class_and_ctor_args.pkl"
-                       f" and {MODULE_STATE_DIR}).{hint}")
+        hint = (
+            f" Checkpoints below it: {', '.join(candidates[-3:])}."
+            if candidates
+            else " Nothing below it looks like one either; was the run checkpointed "
+            "(--checkpoint-freq, checkpoint_at_end)?"
+        )
+        raise CliError(
+            f"{path}: not an RLlib Algorithm checkpoint (no class_and_ctor_args.pkl"
+            f" and {MODULE_STATE_DIR}).{hint}"
+        )
     try:
         with open(ctor_file, "rb") as f:
             saved = pickle.load(f)
         algo_class = saved["class"]
         config = AlgorithmConfig.from_state(saved["ctor_args_and_kwargs"][0][0])
     except Exception as err:  # a truncated or foreign pickle fails in many ways
-        raise CliError(f"{path}: the checkpoint is corrupt or from an incompatible version "
-                       f"({ctor_file}: {type(err).__name__}: {err}). Use another checkpoint of "
-                       "the run, or re-save it with this version.") from None
+        raise CliError(
+            f"{path}: the checkpoint is corrupt or from an incompatible version "
+            f"({ctor_file}: {type(err).__name__}: {err}). Use another checkpoint of "
+            "the run, or re-save it with this version."
+        ) from None
     if not (isinstance(algo_class, type) and issubclass(algo_class, DreamerV3)):
-        raise CliError(f"{path}: a checkpoint of {getattr(algo_class, '__name__', algo_class)},"
-                       " not DreamerV3; `rllib evaluate` evaluates DreamerV3 checkpoints.")
+        raise CliError(
+            f"{path}: a checkpoint of {getattr(algo_class, '__name__', algo_class)},"
+            " not DreamerV3; `rllib evaluate` evaluates DreamerV3 checkpoints."
+        )
     return config
 
 
@@ -588,8 +727,10 @@ def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, vide
     if episodes < 1:
         raise CliError(f"--episodes {episodes}: give at least 1.")
     if video_dir is not None and importlib.util.find_spec("moviepy") is None:
-        raise CliError("--video-dir needs moviepy, which is not installed: pip install moviepy "
-                       "(or pip install -e '.[video]').")
+        raise CliError(
+            "--video-dir needs moviepy, which is not installed: pip install moviepy "
+            "(or pip install -e '.[video]')."
+        )
     config = load_checkpoint_config(path).copy(copy_frozen=False)
     if env is not None:
         config.environment(env)
@@ -609,9 +750,11 @@ def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, vide
         try:
             runner.module.restore_from_path(os.path.abspath(os.path.join(path, MODULE_STATE_DIR)))
         except (ValueError, OSError, EOFError, pickle.UnpicklingError) as err:
-            raise CliError(f"{path}: could not load the policy weights ({type(err).__name__}: "
-                           f"{err}). The checkpoint is corrupt, or --env has other spaces than "
-                           "the env it was trained on.") from None
+            raise CliError(
+                f"{path}: could not load the policy weights ({type(err).__name__}: "
+                f"{err}). The checkpoint is corrupt, or --env has other spaces than "
+                "the env it was trained on."
+            ) from None
         try:
             runner.sample(num_episodes=episodes)
         except DependencyNotInstalled as err:  # e.g. the renderer for --video-dir
@@ -619,20 +762,26 @@ def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, vide
         metrics = runner.get_metrics()
     finally:
         runner.stop()
-    return {"env": str(config.env), "episodes": episodes,
-            "return_mean": float(metrics["episode_return_mean"]),
-            "return_min": float(metrics["episode_return_min"]),
-            "return_max": float(metrics["episode_return_max"]),
-            "length_mean": float(metrics["episode_len_mean"])}
+    return {
+        "env": str(config.env),
+        "episodes": episodes,
+        "return_mean": float(metrics["episode_return_mean"]),
+        "return_min": float(metrics["episode_return_min"]),
+        "return_max": float(metrics["episode_return_max"]),
+        "length_mean": float(metrics["episode_len_mean"]),
+    }
 
 
 def _record_video(env, video_dir, episodes):
     import gymnasium as gym
 
     try:  # not the episode the env resets into after the last one
-        return gym.wrappers.RecordVideo(env, os.path.abspath(video_dir),
-                                        episode_trigger=lambda episode: episode < episodes,
-                                        disable_logger=True)
+        return gym.wrappers.RecordVideo(
+            env,
+            os.path.abspath(video_dir),
+            episode_trigger=lambda episode: episode < episodes,
+            disable_logger=True,
+        )
     except gym.error.Error as err:
         raise CliError(f"--video-dir: the env cannot render frames ({err}).") from None
 
@@ -641,63 +790,102 @@ def _record_video(env, video_dir, episodes):
 def _add_run_options(parser):
     """Options shared by `rllib train` and `rllib train file` (absent unless given)."""
     parser.add_argument("--env", help="env id (overrides the file's env)")
-    parser.add_argument("--config", help="JSON/YAML mapping merged into each experiment's "
-                        "config, e.g. '{\"model_size\": \"micro\", \"training_ratio\": 512}'")
-    parser.add_argument("--stop", help="JSON/YAML mapping that replaces the stop criteria, e.g. "
-                        "'{\"training_iteration\": 10}'")
-    parser.add_argument("--checkpoint-freq", type=int, metavar="N",
-                        help="save a checkpoint every N iterations (default: the file's, or 0)")
-    parser.add_argument("--checkpoint-at-end", action=argparse.BooleanOptionalAction,
-                        help="save a checkpoint when a trial ends (default: yes)")
-    parser.add_argument("--storage-path", metavar="DIR",
-                        help="where Tune writes results and checkpoints (default ~/ray_results)")
-    parser.add_argument("--num-samples", type=int, metavar="N",
-                        help="trials per experiment (times each grid_search combination)")
-    parser.add_argument("--num-cpus", type=int, metavar="N",
-                        help="CPUs Ray may use (default: all)")
-    parser.add_argument("-v", "--verbose", type=int, choices=(0, 1, 2),
-                        help="Tune's own output: 0 none, 1 status table (default), 2 every "
-                        "result; a progress line per iteration is printed in any case")
+    parser.add_argument(
+        "--config",
+        help="JSON/YAML mapping merged into each experiment's "
+        'config, e.g. \'{"model_size": "micro", "training_ratio": 512}\'',
+    )
+    parser.add_argument(
+        "--stop",
+        help="JSON/YAML mapping that replaces the stop criteria, e.g. "
+        "'{\"training_iteration\": 10}'",
+    )
+    parser.add_argument(
+        "--checkpoint-freq",
+        type=int,
+        metavar="N",
+        help="save a checkpoint every N iterations (default: the file's, or 0)",
+    )
+    parser.add_argument(
+        "--checkpoint-at-end",
+        action=argparse.BooleanOptionalAction,
+        help="save a checkpoint when a trial ends (default: yes)",
+    )
+    parser.add_argument(
+        "--storage-path",
+        metavar="DIR",
+        help="where Tune writes results and checkpoints (default ~/ray_results)",
+    )
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        metavar="N",
+        help="trials per experiment (times each grid_search combination)",
+    )
+    parser.add_argument("--num-cpus", type=int, metavar="N", help="CPUs Ray may use (default: all)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        type=int,
+        choices=(0, 1, 2),
+        help="Tune's own output: 0 none, 1 status table (default), 2 every "
+        "result; a progress line per iteration is printed in any case",
+    )
 
 
 def build_parser(prog="rllib"):
     parser = argparse.ArgumentParser(
-        prog=prog, description="Train and evaluate DreamerV3 (rllib-dreamerv3) with RLlib and "
-        "Ray Tune.", epilog=f"The same program runs as `{ALIAS}` and `python -m "
-        "rllib_dreamerv3`.")
+        prog=prog,
+        description="Train and evaluate DreamerV3 (rllib-dreamerv3) with RLlib and Ray Tune.",
+        epilog=f"The same program runs as `{ALIAS}` and `python -m rllib_dreamerv3`.",
+    )
     commands = parser.add_subparsers(dest="command", metavar="{train,evaluate}")
     commands.required = True
 
     train = commands.add_parser(
-        "train", argument_default=argparse.SUPPRESS,
+        "train",
+        argument_default=argparse.SUPPRESS,
         help="train with Ray Tune (`rllib train file X.yaml` or `rllib train --env ENV`)",
         description="Train with Ray Tune: `rllib train file PATH.yaml` runs the experiments of "
-        "a YAML file; `rllib train --algo DreamerV3 --env ENV --config '{...}'` runs one.")
-    train.add_argument("--algo", "--run", dest="algo",
-                       help=f"algorithm (default DreamerV3; one of {list(ALGORITHMS)})")
+        "a YAML file; `rllib train --algo DreamerV3 --env ENV --config '{...}'` runs one.",
+    )
+    train.add_argument(
+        "--algo",
+        "--run",
+        dest="algo",
+        help=f"algorithm (default DreamerV3; one of {list(ALGORITHMS)})",
+    )
     _add_run_options(train)
     sources = train.add_subparsers(dest="source", metavar="{file}")
     train_file = sources.add_parser(
-        "file", argument_default=argparse.SUPPRESS, help="run every experiment of a YAML file",
+        "file",
+        argument_default=argparse.SUPPRESS,
+        help="run every experiment of a YAML file",
         description="Run every experiment of an RLlib-style YAML file (experiment name -> env, "
-        "run, stop, config, optional checkpoint_config, num_samples, storage_path) with Tune.")
+        "run, stop, config, optional checkpoint_config, num_samples, storage_path) with Tune.",
+    )
     train_file.add_argument("path", help="the YAML file, e.g. tuned_examples/cartpole.yaml")
     _add_run_options(train_file)
 
     evaluate = commands.add_parser(
-        "evaluate", help="report the return of N episodes of a checkpoint's policy",
+        "evaluate",
+        help="report the return of N episodes of a checkpoint's policy",
         description="Restore a checkpoint's policy and report the mean/min/max return of N "
-        "episodes (greedy actions unless --explore).")
+        "episodes (greedy actions unless --explore).",
+    )
     evaluate.add_argument("checkpoint", help="a checkpoint directory (checkpoint_NNNNNN)")
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes (default 10)")
     evaluate.add_argument("--env", help="evaluate on this env instead of the trained one")
-    evaluate.add_argument("--explore", action="store_true",
-                          help="sample actions as in training instead of greedy ones")
+    evaluate.add_argument(
+        "--explore",
+        action="store_true",
+        help="sample actions as in training instead of greedy ones",
+    )
     evaluate.add_argument("--seed", type=int, help="seed of the env resets and the policy")
-    evaluate.add_argument("--video-dir", metavar="DIR",
-                          help="write a video of every episode here (needs moviepy)")
-    evaluate.add_argument("--json", action="store_true",
-                          help="print the results as one JSON line")
+    evaluate.add_argument(
+        "--video-dir", metavar="DIR", help="write a video of every episode here (needs moviepy)"
+    )
+    evaluate.add_argument("--json", action="store_true", help="print the results as one JSON line")
     return parser
 
 
@@ -718,10 +906,12 @@ def _warn_if_shadowing(prog):
         return
     others = other_rllib_commands()
     if others:
-        print(f"rllib: warning: {', '.join(others)} also install(s) an `rllib` command; this is "
-              f"rllib-dreamerv3's, whichever package was installed last owns the name. Run "
-              f"`{ALIAS}` or `python -m rllib_dreamerv3` to be sure which one you get.",
-              file=sys.stderr)
+        print(
+            f"rllib: warning: {', '.join(others)} also install(s) an `rllib` command; this is "
+            f"rllib-dreamerv3's, whichever package was installed last owns the name. Run "
+            f"`{ALIAS}` or `python -m rllib_dreamerv3` to be sure which one you get.",
+            file=sys.stderr,
+        )
 
 
 def main(argv=None, prog=None):
@@ -750,13 +940,16 @@ def main(argv=None, prog=None):
 def _train_command(args, parser):
     if getattr(args, "source", None) == "file":
         if getattr(args, "algo", None):
-            raise CliError("--algo applies to `rllib train --env ...`; a YAML file names its "
-                           "algorithm under `run:`.")
-        return run_experiments(apply_overrides(load_experiments(args.path), args), args.path,
-                               args)
+            raise CliError(
+                "--algo applies to `rllib train --env ...`; a YAML file names its "
+                "algorithm under `run:`."
+            )
+        return run_experiments(apply_overrides(load_experiments(args.path), args), args.path, args)
     if not getattr(args, "env", None):
-        raise CliError("rllib train needs a YAML file (`rllib train file PATH.yaml`) or an env "
-                       "(`rllib train --env CartPole-v1`); see `rllib train --help`.")
+        raise CliError(
+            "rllib train needs a YAML file (`rllib train file PATH.yaml`) or an env "
+            "(`rllib train --env CartPole-v1`); see `rllib train --help`."
+        )
     algo = getattr(args, "algo", None) or "DreamerV3"
     name = f"{algo}_{args.env}".replace("/", "_")
     spec = {"run": algo, "env": args.env}
@@ -765,16 +958,24 @@ def _train_command(args, parser):
 
 def _evaluate_command(args):
     start = time.time()
-    result = evaluate_checkpoint(args.checkpoint, args.episodes, env=args.env,
-                                 explore=args.explore, seed=args.seed, video_dir=args.video_dir)
+    result = evaluate_checkpoint(
+        args.checkpoint,
+        args.episodes,
+        env=args.env,
+        explore=args.explore,
+        seed=args.seed,
+        video_dir=args.video_dir,
+    )
     if args.json:
         print(json.dumps(result))
     else:
         mode = "sampled" if args.explore else "greedy"
-        print(f"{result['episodes']} {mode} episodes of {result['env']}: return mean "
-              f"{_fmt(result['return_mean'])}, min {_fmt(result['return_min'])}, max "
-              f"{_fmt(result['return_max'])}; length mean {_fmt(result['length_mean'])} "
-              f"({time.time() - start:.0f} s)")
+        print(
+            f"{result['episodes']} {mode} episodes of {result['env']}: return mean "
+            f"{_fmt(result['return_mean'])}, min {_fmt(result['return_min'])}, max "
+            f"{_fmt(result['return_max'])}; length mean {_fmt(result['length_mean'])} "
+            f"({time.time() - start:.0f} s)"
+        )
     if args.video_dir:
         print(f"videos in {os.path.abspath(args.video_dir)}")
     return 0

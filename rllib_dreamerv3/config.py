@@ -7,7 +7,11 @@ module keeps `from rllib_dreamerv3.config import ...` and configs pickled under 
 name (older checkpoints) working; it imports from `rllib_dreamerv3.algorithm`, never the reverse.
 """
 
-from rllib_dreamerv3.algorithm import (HYPERPARAMETERS, NONFINITE_ENV_DATA, PRECISIONS,
-                                       DreamerV3Config)
+from rllib_dreamerv3.algorithm import (
+    HYPERPARAMETERS,
+    NONFINITE_ENV_DATA,
+    PRECISIONS,
+    DreamerV3Config,
+)
 
 __all__ = ["HYPERPARAMETERS", "NONFINITE_ENV_DATA", "PRECISIONS", "DreamerV3Config"]

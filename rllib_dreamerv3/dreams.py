@@ -70,8 +70,12 @@ def make_dream_fn(model, signature, burn_in, num_sequences, jit_compile=True):
             "continue_dream": batch_major(tf.sigmoid(wm.continue_logit(dreamed))),
         }
 
-    return tf.function(dream, jit_compile=jit_compile, autograph=False,
-                       input_signature=[signature, tf.TensorSpec([2], tf.int32)])
+    return tf.function(
+        dream,
+        jit_compile=jit_compile,
+        autograph=False,
+        input_signature=[signature, tf.TensorSpec([2], tf.int32)],
+    )
 
 
 def dream_summaries(out, burn_in):
@@ -91,17 +95,20 @@ def dream_summaries(out, burn_in):
     summaries = {
         "obs_mse_posterior": float(np.mean((recon / scale - real) ** 2)),
         "obs_mse_open_loop": float(np.mean((dream[:, burn_in:] / scale - real[:, burn_in:]) ** 2)),
-        "reward_mae_open_loop": float(np.mean(np.abs(
-            out["reward_dream"][:, burn_in:] - out["reward_real"][:, burn_in:]))),
-        "continue_mae_open_loop": float(np.mean(np.abs(
-            out["continue_dream"][:, burn_in:] - out["continue_real"][:, burn_in:]))),
+        "reward_mae_open_loop": float(
+            np.mean(np.abs(out["reward_dream"][:, burn_in:] - out["reward_real"][:, burn_in:]))
+        ),
+        "continue_mae_open_loop": float(
+            np.mean(np.abs(out["continue_dream"][:, burn_in:] - out["continue_real"][:, burn_in:]))
+        ),
     }
     if image:
         summaries["reconstruction"] = _media(_frame_grid(obs, recon).transpose(2, 0, 1))
         summaries["video"] = _media(_video(obs, dream)[None].transpose(0, 1, 4, 2, 3))
     else:
-        summaries["observations"] = _media(_vector_plot(obs[0], recon[0], dream[0], burn_in)
-                                           .transpose(2, 0, 1))
+        summaries["observations"] = _media(
+            _vector_plot(obs[0], recon[0], dream[0], burn_in).transpose(2, 0, 1)
+        )
     summaries["rewards_and_continues"] = _media(_reward_plot(out, burn_in).transpose(2, 0, 1))
     return summaries
 
@@ -121,8 +128,9 @@ def save_dreams(summaries, directory, prefix="dreams"):
             frames = np.asarray(value)[0].transpose(0, 2, 3, 1)
             paths.append(path + ".mp4")
             height, width = frames.shape[1:3]
-            writer = cv2.VideoWriter(paths[-1], cv2.VideoWriter_fourcc(*"mp4v"), 10,
-                                     (width, height))
+            writer = cv2.VideoWriter(
+                paths[-1], cv2.VideoWriter_fourcc(*"mp4v"), 10, (width, height)
+            )
             for frame in frames:
                 writer.write(_bgr(frame))
             writer.release()
@@ -191,8 +199,14 @@ def _text(canvas, text, x, color):
 
 def _vector_plot(obs, recon, dream, burn_in, max_dims=8):
     """Panels, one per observation dim: real, posterior reconstruction and dream over time."""
-    panels = [_panel({"real": obs[:, i], "posterior": recon[:, i], "dream": dream[:, i]},
-                     burn_in, f"obs[{i}]") for i in range(min(max_dims, obs.shape[-1]))]
+    panels = [
+        _panel(
+            {"real": obs[:, i], "posterior": recon[:, i], "dream": dream[:, i]},
+            burn_in,
+            f"obs[{i}]",
+        )
+        for i in range(min(max_dims, obs.shape[-1]))
+    ]
     return np.concatenate(panels, axis=0)
 
 
@@ -200,9 +214,18 @@ def _reward_plot(out, burn_in):
     """Panels per sequence: reward and continue probability, real vs dream."""
     panels = []
     for seq in range(out["reward_real"].shape[0]):
-        panels.append(_panel({"real": out["reward_real"][seq],
-                              "dream": out["reward_dream"][seq]}, burn_in, f"reward seq {seq}"))
-        panels.append(_panel({"real": out["continue_real"][seq],
-                              "dream": out["continue_dream"][seq]}, burn_in,
-                             f"continue seq {seq}"))
+        panels.append(
+            _panel(
+                {"real": out["reward_real"][seq], "dream": out["reward_dream"][seq]},
+                burn_in,
+                f"reward seq {seq}",
+            )
+        )
+        panels.append(
+            _panel(
+                {"real": out["continue_real"][seq], "dream": out["continue_dream"][seq]},
+                burn_in,
+                f"continue seq {seq}",
+            )
+        )
     return np.concatenate(panels, axis=0)

@@ -18,14 +18,15 @@ from rllib_dreamerv3.networks import MLP, Conv, ConvBlock, Dense
 CNN_MIN_RESOLUTION = 4
 
 
-def _flatten_leading(x, inner_rank):
+def flatten_leading(x, inner_rank):
     """`[..., *inner]` -> `[N, *inner]`, and the leading shape to restore it."""
-    lead = tf.shape(x)[:x.shape.rank - inner_rank]
-    return tf.reshape(x, [-1, *x.shape[x.shape.rank - inner_rank:]]), lead
+    lead = tf.shape(x)[: x.shape.rank - inner_rank]
+    return tf.reshape(x, [-1, *x.shape[x.shape.rank - inner_rank :]]), lead
 
 
-def _restore_leading(x, lead, inner_rank):
-    inner = tf.shape(x)[x.shape.rank - inner_rank:] if inner_rank else []
+def restore_leading(x, lead, inner_rank):
+    """The inverse of :func:`flatten_leading`: `[N, *inner]` -> `[*lead, *inner]`."""
+    inner = tf.shape(x)[x.shape.rank - inner_rank :] if inner_rank else []
     return tf.reshape(x, tf.concat([lead, inner], 0))
 
 
@@ -38,8 +39,8 @@ class VectorEncoder(tf.Module):
         self.out_units = self.mlp.out_units
 
     def __call__(self, obs):
-        x, lead = _flatten_leading(tf.cast(obs, tf.float32), 1)
-        return _restore_leading(self.mlp(math_ops.symlog(x)), lead, 1)
+        x, lead = flatten_leading(tf.cast(obs, tf.float32), 1)
+        return restore_leading(self.mlp(math_ops.symlog(x)), lead, 1)
 
 
 class VectorDecoder(tf.Module):
@@ -50,8 +51,8 @@ class VectorDecoder(tf.Module):
         self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=obs_dim)
 
     def __call__(self, feat):
-        x, lead = _flatten_leading(feat, 1)
-        return _restore_leading(self.mlp(x), lead, 1)
+        x, lead = flatten_leading(feat, 1)
+        return restore_leading(self.mlp(x), lead, 1)
 
     def loss(self, feat, obs):
         """Squared error in symlog space, summed over the observation's entries."""
@@ -60,8 +61,7 @@ class VectorDecoder(tf.Module):
     @staticmethod
     def loss_of(prediction, obs):
         """:meth:`loss` given the decoder's output `prediction`."""
-        return tf.reduce_sum(tf.square(prediction - math_ops.symlog(tf.cast(obs, tf.float32))),
-                             -1)
+        return tf.reduce_sum(tf.square(prediction - math_ops.symlog(tf.cast(obs, tf.float32))), -1)
 
     def predict(self, feat):
         """Observation prediction in real space."""
@@ -86,16 +86,15 @@ class ImageEncoder(tf.Module):
         super().__init__(name=name)
         self.obs_shape = tuple(obs_shape)
         channels = [self.obs_shape[-1]] + _cnn_channels(self.obs_shape[0], size.cnn_multiplier)
-        self.blocks = [ConvBlock(cin, cout, kernel, 2)
-                       for cin, cout in pairwise(channels)]
+        self.blocks = [ConvBlock(cin, cout, kernel, 2) for cin, cout in pairwise(channels)]
         self.out_units = CNN_MIN_RESOLUTION**2 * channels[-1]
 
     def __call__(self, obs):
-        x, lead = _flatten_leading(obs, 3)
+        x, lead = flatten_leading(obs, 3)
         x = tf.cast(x, tf.float32) / 255.0 - 0.5
         for block in self.blocks:
             x = block(x)
-        return _restore_leading(tf.reshape(x, [-1, self.out_units]), lead, 1)
+        return restore_leading(tf.reshape(x, [-1, self.out_units]), lead, 1)
 
 
 class ImageDecoder(tf.Module):
@@ -112,16 +111,17 @@ class ImageDecoder(tf.Module):
         channels = _cnn_channels(self.obs_shape[0], size.cnn_multiplier)[::-1]  # 8d ... d
         self.start_shape = (CNN_MIN_RESOLUTION, CNN_MIN_RESOLUTION, channels[0])
         self.dense = Dense(feat_dim, CNN_MIN_RESOLUTION**2 * channels[0])
-        self.blocks = [ConvBlock(cin, cout, kernel, 2, transpose=True)
-                       for cin, cout in pairwise(channels)]
+        self.blocks = [
+            ConvBlock(cin, cout, kernel, 2, transpose=True) for cin, cout in pairwise(channels)
+        ]
         self.out = Conv(channels[-1], self.obs_shape[-1], kernel, 2, transpose=True)
 
     def __call__(self, feat):
-        x, lead = _flatten_leading(feat, 1)
+        x, lead = flatten_leading(feat, 1)
         x = tf.reshape(self.dense(x), [-1, *self.start_shape])
         for block in self.blocks:
             x = block(x)
-        return _restore_leading(self.out(x), lead, 3)
+        return restore_leading(self.out(x), lead, 3)
 
     def loss(self, feat, obs):
         """Squared error on centred pixels, summed over the image."""
@@ -142,7 +142,11 @@ class ImageDecoder(tf.Module):
 def make_encoder_decoder(obs_shape, feat_dim, size, cnn_kernel=4):
     """`(encoder, decoder)` for observations of `obs_shape`: 1-D vectors or `(H, W, C)` images."""
     if len(obs_shape) == 3:
-        return (ImageEncoder(obs_shape, size, cnn_kernel, name="encoder"),
-                ImageDecoder(feat_dim, obs_shape, size, cnn_kernel, name="decoder"))
-    return (VectorEncoder(obs_shape[0], size, name="encoder"),
-            VectorDecoder(feat_dim, obs_shape[0], size, name="decoder"))
+        return (
+            ImageEncoder(obs_shape, size, cnn_kernel, name="encoder"),
+            ImageDecoder(feat_dim, obs_shape, size, cnn_kernel, name="decoder"),
+        )
+    return (
+        VectorEncoder(obs_shape[0], size, name="encoder"),
+        VectorDecoder(feat_dim, obs_shape[0], size, name="decoder"),
+    )

@@ -29,17 +29,29 @@ from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
 from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
-from ray.rllib.utils.metrics import (EPISODE_LEN_MAX, EPISODE_LEN_MEAN, EPISODE_LEN_MIN,
-                                     EPISODE_RETURN_MAX, EPISODE_RETURN_MEAN,
-                                     EPISODE_RETURN_MIN, NUM_ENV_STEPS_SAMPLED,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES,
-                                     NUM_EPISODES_LIFETIME)
+from ray.rllib.utils.metrics import (
+    EPISODE_LEN_MAX,
+    EPISODE_LEN_MEAN,
+    EPISODE_LEN_MIN,
+    EPISODE_RETURN_MAX,
+    EPISODE_RETURN_MEAN,
+    EPISODE_RETURN_MIN,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+)
 from ray.tune.registry import ENV_CREATOR, _global_registry
 
 from rllib_dreamerv3.atari import is_atari_id, make_atari_env
 from rllib_dreamerv3.replay_buffer import FIELDS
-from rllib_dreamerv3.spaces import (action_dim, is_discrete, is_image, obs_storage_dtype,
-                                    rescale_action)
+from rllib_dreamerv3.spaces import (
+    action_dim,
+    is_discrete,
+    is_image,
+    obs_storage_dtype,
+    rescale_action,
+)
 from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
 
 WEIGHTS_SEQ_NO = "weights_seq_no"
@@ -64,7 +76,8 @@ def make_env(config, worker_index=0, vector_index=0):
         raise ValueError(
             f"Could not create env {config.env!r} with env_config={dict(config.env_config)}: "
             f"{err}. Give a gymnasium id (e.g. 'CartPole-v1'), an env class, or a name "
-            "registered with ray.tune.register_env.") from err
+            "registered with ray.tune.register_env."
+        ) from err
 
 
 class ReplayChunk(tuple):
@@ -103,15 +116,23 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         limit_tf_threads(self._tf_threads())
         self._given_spaces = kwargs.get("spaces")
         self.num_envs = self.config.num_envs_per_env_runner
-        has_env = (self.worker_index > 0 or self.config.num_env_runners == 0
-                   or self.config.create_env_on_local_worker)
-        self.envs = ([make_env(self.config, self.worker_index, i) for i in range(self.num_envs)]
-                     if has_env else [])
+        has_env = (
+            self.worker_index > 0
+            or self.config.num_env_runners == 0
+            or self.config.create_env_on_local_worker
+        )
+        self.envs = (
+            [make_env(self.config, self.worker_index, i) for i in range(self.num_envs)]
+            if has_env
+            else []
+        )
         self.module = self.config.get_rl_module_spec(
-            spaces=self.get_spaces(), inference_only=True).build()
+            spaces=self.get_spaces(), inference_only=True
+        ).build()
         self._weights_seq_no = 0
         self._rng = np.random.default_rng(
-            None if self.config.seed is None else self.config.seed + self.worker_index)
+            None if self.config.seed is None else self.config.seed + self.worker_index
+        )
         if self.config.seed is not None:
             self.module.set_policy_seed(self.config.seed + self.worker_index)
         self._pending = None  # per env: the current observation's record, waiting for an action
@@ -139,8 +160,11 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         if not self.envs:
             return self._given_spaces
         spaces = (self.envs[0].observation_space, self.envs[0].action_space)
-        return {INPUT_ENV_SPACES: spaces, INPUT_ENV_SINGLE_SPACES: spaces,
-                DEFAULT_MODULE_ID: spaces}
+        return {
+            INPUT_ENV_SPACES: spaces,
+            INPUT_ENV_SINGLE_SPACES: spaces,
+            DEFAULT_MODULE_ID: spaces,
+        }
 
     def assert_healthy(self):
         assert self.module is not None, "DreamerV3EnvRunner has no module."
@@ -149,8 +173,10 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         return self.metrics.reduce()
 
     def get_state(self, components=None, *, not_components=None, **kwargs):
-        state = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime,
-                 WEIGHTS_SEQ_NO: self._weights_seq_no}
+        state = {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime,
+            WEIGHTS_SEQ_NO: self._weights_seq_no,
+        }
         if self._check_component(COMPONENT_RL_MODULE, components, not_components):
             state[COMPONENT_RL_MODULE] = self.module.get_state(inference_only=True)
         return state
@@ -179,16 +205,16 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
 
     # --- sampling -------------------------------------------------------------------------------
     def _reset_env(self, i):
-        obs, _ = self.envs[i].reset(seed=None if self.config.seed is None else
-                                    int(self._rng.integers(2**31)))
+        obs, _ = self.envs[i].reset(
+            seed=None if self.config.seed is None else int(self._rng.integers(2**31))
+        )
         self._returns[i], self._lengths[i] = 0.0, 0
         obs, _ = self._checked(i, obs, 0.0, "reset()", allow_skip=False)
         return {"obs": obs, "rewards": 0.0, "is_first": True, "is_terminal": False}
 
     def _env_name(self, i):
         env = self.config.env
-        return (f"env {getattr(env, '__name__', env)!r} (EnvRunner {self.worker_index}, "
-                f"sub-env {i})")
+        return f"env {getattr(env, '__name__', env)!r} (EnvRunner {self.worker_index}, sub-env {i})"
 
     def _checked(self, i, obs, reward, source, allow_skip=True):
         """`(obs, reward)` as arrays if they fit the observation space and are finite.
@@ -204,19 +230,30 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                 f"{obs.dtype} at {source}, but its observation_space {space} declares shape "
                 f"{space.shape} and dtype {space.dtype}. Make the env return observations of "
                 "its declared space (or wrap it, e.g. with gymnasium.wrappers."
-                "FlattenObservation or DtypeObservation).")
+                "FlattenObservation or DtypeObservation)."
+            )
         try:
             reward = float(reward)
         except (TypeError, ValueError):
-            raise ValueError(f"{self._env_name(i)} returned the reward {reward!r} at {source}; "
-                             "rewards must be scalar numbers.") from None
-        bad = ("reward" if not np.isfinite(reward) else
-               "obs" if obs.dtype.kind == "f" and not np.isfinite(obs).all() else None)
+            raise ValueError(
+                f"{self._env_name(i)} returned the reward {reward!r} at {source}; "
+                "rewards must be scalar numbers."
+            ) from None
+        bad = (
+            "reward"
+            if not np.isfinite(reward)
+            else "obs"
+            if obs.dtype.kind == "f" and not np.isfinite(obs).all()
+            else None
+        )
         if bad is None:
             return obs, reward
-        detail = (f"reward={reward}" if bad == "reward" else
-                  f"obs has {int(np.sum(~np.isfinite(obs)))} NaN/inf entries, the first at "
-                  f"index {np.argwhere(~np.isfinite(obs))[0].tolist()}")
+        detail = (
+            f"reward={reward}"
+            if bad == "reward"
+            else f"obs has {int(np.sum(~np.isfinite(obs)))} NaN/inf entries, the first at "
+            f"index {np.argwhere(~np.isfinite(obs))[0].tolist()}"
+        )
         if allow_skip and self.config.nonfinite_env_data == "skip":
             return None
         raise ValueError(
@@ -224,13 +261,17 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
             "DreamerV3 would learn NaN weights "
             "from it. Fix the env, clean its output with a gymnasium wrapper (e.g. "
             "TransformObservation with np.nan_to_num), or set nonfinite_env_data='skip' to "
-            "drop such steps (the episode then ends there).")
+            "drop such steps (the episode then ends there)."
+        )
 
     def _restart_env(self, i, err):
         """`restart_failed_sub_environments`: replace sub-env `i` after it raised `err`; its
         episode is abandoned and the next step starts a new one (`is_first`)."""
-        logger.warning("%s raised %r; restarting it (restart_failed_sub_environments=True).",
-                       self._env_name(i), err)
+        logger.warning(
+            "%s raised %r; restarting it (restart_failed_sub_environments=True).",
+            self._env_name(i),
+            err,
+        )
         try:
             self.envs[i].close()
         except Exception:  # a broken env may fail to close; it is replaced either way
@@ -247,8 +288,10 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._lengths = np.zeros(self.num_envs, np.int64)
         self._obs_dtype = obs_storage_dtype(self.module.observation_space)
         self._pending = [self._reset_env(i) for i in range(self.num_envs)]
-        self._state = {k: np.repeat(v[None], self.num_envs, 0)
-                       for k, v in self.module.get_initial_state().items()}
+        self._state = {
+            k: np.repeat(v[None], self.num_envs, 0)
+            for k, v in self.module.get_initial_state().items()
+        }
         # Envs whose policy state is stale (random-action steps): their next policy call
         # treats them as first steps.
         self._restart_policy = np.zeros(self.num_envs, bool)
@@ -271,11 +314,17 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         run on the worker thread): :meth:`_commit` stores the state once the actions are used.
         """
         obs = np.stack([self._pending[i]["obs"] for i in envs])
-        is_first = (np.array([self._pending[i]["is_first"] for i in envs])
-                    | self._restart_policy[envs])
+        is_first = (
+            np.array([self._pending[i]["is_first"] for i in envs]) | self._restart_policy[envs]
+        )
         out = self.module.forward_exploration if explore else self.module.forward_inference
-        result = out({"obs": obs, "is_first": is_first,
-                      "state_in": {k: v[envs] for k, v in self._state.items()}})
+        result = out(
+            {
+                "obs": obs,
+                "is_first": is_first,
+                "state_in": {k: v[envs] for k, v in self._state.items()},
+            }
+        )
         state = {k: v.numpy() for k, v in result["state_out"].items()}
         return result["actions"].numpy(), result["actions_model"].numpy(), state
 
@@ -296,30 +345,51 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                     raise
                 self._pending[i] = self._restart_env(i, err)
                 continue
-            checked = self._checked(i, obs, reward, f"step {self._lengths[i] + 1} of its "
-                                    f"episode (action {env_action!r})")
+            checked = self._checked(
+                i,
+                obs,
+                reward,
+                f"step {self._lengths[i] + 1} of its episode (action {env_action!r})",
+            )
             if checked is None:  # nonfinite_env_data='skip': the episode ends before this step
-                self.metrics.log_value(NUM_NONFINITE_ENV_STEPS_SKIPPED, 1,
-                                       reduce="lifetime_sum")
+                self.metrics.log_value(NUM_NONFINITE_ENV_STEPS_SKIPPED, 1, reduce="lifetime_sum")
                 self._pending[i] = self._reset_env(i)
                 continue
             obs, reward = checked
             self._returns[i] += reward
             self._lengths[i] += 1
             if terminated or truncated:
-                records[i].append({"obs": obs, "actions": np.zeros(self._action_dim),
-                                   "rewards": reward, "is_first": False,
-                                   "is_terminal": bool(terminated)})
+                records[i].append(
+                    {
+                        "obs": obs,
+                        "actions": np.zeros(self._action_dim),
+                        "rewards": reward,
+                        "is_first": False,
+                        "is_terminal": bool(terminated),
+                    }
+                )
                 self._log_episode(self._returns[i], self._lengths[i])
                 ended += 1
                 self._pending[i] = self._reset_env(i)
             else:
-                self._pending[i] = {"obs": obs, "rewards": reward, "is_first": False,
-                                    "is_terminal": False}
+                self._pending[i] = {
+                    "obs": obs,
+                    "rewards": reward,
+                    "is_first": False,
+                    "is_terminal": False,
+                }
         return ended
 
-    def sample(self, *, num_timesteps=None, num_episodes=None, explore=None,
-               random_actions=False, force_reset=False, **kwargs):
+    def sample(
+        self,
+        *,
+        num_timesteps=None,
+        num_episodes=None,
+        explore=None,
+        random_actions=False,
+        force_reset=False,
+        **kwargs,
+    ):
         """Step every sub-env `num_timesteps / num_envs` times (default: the config's amount).
 
         With `num_episodes` (RLlib's evaluation asks for it), the envs are reset first and
@@ -332,20 +402,26 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         docstring).
         """
         if not self.envs:
-            raise RuntimeError("This EnvRunner has no envs (the local runner when "
-                               "num_env_runners > 0); sample from the remote runners.")
+            raise RuntimeError(
+                "This EnvRunner has no envs (the local runner when "
+                "num_env_runners > 0); sample from the remote runners."
+            )
         if num_timesteps is not None and num_episodes is not None:
             raise ValueError("Give num_timesteps or num_episodes, not both.")
         explore = self.config.explore if explore is None else explore
         if self._pending is None or force_reset or num_episodes is not None:
             self._start()
-        steps_per_env = (-(-num_timesteps // self.num_envs) if num_timesteps
-                         else self.config.steps_per_sample)
+        steps_per_env = (
+            -(-num_timesteps // self.num_envs) if num_timesteps else self.config.steps_per_sample
+        )
         records = [[] for _ in range(self.num_envs)]
 
         def more(steps_done, episodes_done):
-            return (episodes_done < num_episodes if num_episodes is not None
-                    else steps_done < steps_per_env)
+            return (
+                episodes_done < num_episodes
+                if num_episodes is not None
+                else steps_done < steps_per_env
+            )
 
         try:
             if random_actions or not self.overlaps_policy_and_envs:
@@ -360,10 +436,13 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         num_steps = steps_done * self.num_envs
         self.num_env_steps_sampled_lifetime += num_steps
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, num_steps, reduce="sum")
-        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum",
-                               with_throughput=True)
-        return [ReplayChunk((self.worker_index, i), self._stack(recs), steps_done)
-                for i, recs in enumerate(records)]
+        self.metrics.log_value(
+            NUM_ENV_STEPS_SAMPLED_LIFETIME, num_steps, reduce="lifetime_sum", with_throughput=True
+        )
+        return [
+            ReplayChunk((self.worker_index, i), self._stack(recs), steps_done)
+            for i, recs in enumerate(records)
+        ]
 
     def _sample_in_lockstep(self, explore, random_actions, records, more):
         """One policy call for all envs, then every env steps; returns steps per env."""

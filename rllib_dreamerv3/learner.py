@@ -37,9 +37,13 @@ class DreamerV3Learner(TfLearner):
         }
         for name, (net, lr, eps) in parts.items():
             params = list(net.trainable_variables)
-            self.register_optimizer(module_id=module_id, optimizer_name=name,
-                                    optimizer=make_adam(lr, eps, params), params=params,
-                                    lr_or_lr_schedule=lr)
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name=name,
+                optimizer=make_adam(lr, eps, params),
+                params=params,
+                lr_or_lr_schedule=lr,
+            )
 
     def build(self):
         super().build()
@@ -48,10 +52,15 @@ class DreamerV3Learner(TfLearner):
         optimizers = {name: opt for name, opt in self.get_optimizers_for_module(DEFAULT_MODULE_ID)}
         obs_space = module.observation_space
         self._signature = batch_signature(
-            obs_space.shape, tf.as_dtype(obs_storage_dtype(obs_space)),
-            action_dim(module.action_space), cfg.batch_size_B, cfg.batch_length_T)
-        self._update_fn = make_update_fn(module.model, optimizers, cfg, self._signature,
-                                         jit_compile=cfg.jit_compile)
+            obs_space.shape,
+            tf.as_dtype(obs_storage_dtype(obs_space)),
+            action_dim(module.action_space),
+            cfg.batch_size_B,
+            cfg.batch_length_T,
+        )
+        self._update_fn = make_update_fn(
+            module.model, optimizers, cfg, self._signature, jit_compile=cfg.jit_compile
+        )
         self._update_call = None  # its concrete function, traced on the first update
         self._seed_rng = np.random.default_rng(cfg.seed)
         self._dream_fn = None  # built on the first `dreams` call: no cost when dreams are off
@@ -66,13 +75,15 @@ class DreamerV3Learner(TfLearner):
     def _check_batch(self, batch):
         for key, spec in self._signature.items():
             if key not in batch:
-                raise ValueError(f"DreamerV3 batch lacks {key!r}; it needs "
-                                 f"{sorted(self._signature)}.")
+                raise ValueError(
+                    f"DreamerV3 batch lacks {key!r}; it needs {sorted(self._signature)}."
+                )
             if tuple(batch[key].shape) != tuple(spec.shape):
                 raise ValueError(
                     f"DreamerV3 batch[{key!r}] has shape {tuple(batch[key].shape)}, expected "
                     f"{tuple(spec.shape)} (B={self.config.batch_size_B}, "
-                    f"T={self.config.batch_length_T}).")
+                    f"T={self.config.batch_length_T})."
+                )
 
     def _inputs(self, batch):
         self._check_batch(batch)
@@ -85,11 +96,16 @@ class DreamerV3Learner(TfLearner):
         cfg = self.config
         if self._dream_fn is None:
             self._dream_fn = make_dream_fn(
-                self.module[DEFAULT_MODULE_ID].model, self._signature, cfg.dream_burn_in,
-                min(cfg.dream_num_sequences, cfg.batch_size_B), jit_compile=cfg.jit_compile)
+                self.module[DEFAULT_MODULE_ID].model,
+                self._signature,
+                cfg.dream_burn_in,
+                min(cfg.dream_num_sequences, cfg.batch_size_B),
+                jit_compile=cfg.jit_compile,
+            )
         out = self._dream_fn(*self._inputs(batch))
-        return dream_summaries({key: value.numpy() for key, value in out.items()},
-                               cfg.dream_burn_in)
+        return dream_summaries(
+            {key: value.numpy() for key, value in out.items()}, cfg.dream_burn_in
+        )
 
     def _update(self, batch, **kwargs):
         inputs, seed = self._inputs(batch[DEFAULT_MODULE_ID])
@@ -103,8 +119,7 @@ class DreamerV3Learner(TfLearner):
         self._count_skipped_steps(metrics)
         self.metrics.log_dict(metrics, key=DEFAULT_MODULE_ID, window=1)
         # 1 from the first update on; more would mean re-tracing (and re-compiling).
-        self.metrics.log_value((DEFAULT_MODULE_ID, "num_update_traces"), self.num_traces,
-                               window=1)
+        self.metrics.log_value((DEFAULT_MODULE_ID, "num_update_traces"), self.num_traces, window=1)
         loss = metrics["L_world_model"] + metrics["L_actor"] + metrics["L_critic"]
         return {}, {DEFAULT_MODULE_ID: loss}, {}
 
@@ -114,12 +129,14 @@ class DreamerV3Learner(TfLearner):
         skipped = [name for name in SKIPPED_METRICS if float(metrics[name]) > 0.0]
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
         self._skipped_total += bool(skipped)
-        self.metrics.log_value((DEFAULT_MODULE_ID, NUM_SKIPPED_UPDATES_LIFETIME),
-                               self._skipped_total, window=1)
+        self.metrics.log_value(
+            (DEFAULT_MODULE_ID, NUM_SKIPPED_UPDATES_LIFETIME), self._skipped_total, window=1
+        )
         limit = self.config.max_skipped_updates_in_a_row
         if limit and self._skipped_in_a_row >= limit:
-            losses = {name: float(metrics[name]) for name in ("L_world_model", "L_actor",
-                                                              "L_critic")}
+            losses = {
+                name: float(metrics[name]) for name in ("L_world_model", "L_actor", "L_critic")
+            }
             raise FloatingPointError(
                 f"{self._skipped_in_a_row} DreamerV3 updates in a row had non-finite losses or "
                 f"gradients (last one: {losses}; skipped steps: {skipped}). Their steps were "
@@ -127,7 +144,8 @@ class DreamerV3Learner(TfLearner):
                 "causes: NaN/inf observations or rewards from the env (EnvRunners reject them "
                 "unless nonfinite_env_data='skip'), or learning rates too high for this env. "
                 "Restore the last checkpoint and fix the cause, or raise "
-                "max_skipped_updates_in_a_row (0: never stop).")
+                "max_skipped_updates_in_a_row (0: never stop)."
+            )
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         raise NotImplementedError("DreamerV3Learner computes its losses inside `_update`.")

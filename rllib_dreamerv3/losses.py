@@ -30,8 +30,13 @@ def sequences(batch):
     actions = time_major(batch["actions"])
     prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
     cont = 1.0 - time_major(tf.cast(batch["is_terminal"], tf.float32))
-    return (time_major(batch["obs"]), prev_actions, time_major(batch["rewards"]),
-            time_major(batch["is_first"]), cont)
+    return (
+        time_major(batch["obs"]),
+        prev_actions,
+        time_major(batch["rewards"]),
+        time_major(batch["is_first"]),
+        cont,
+    )
 
 
 # --- world model --------------------------------------------------------------------------------
@@ -57,8 +62,9 @@ def world_model_loss(model, batch, seeds, hp):
     decoder_loss = wm.decoder.loss(feat, obs)
     reward_loss = -math_ops.two_hot_log_prob(wm.reward_head(feat), rewards, wm.bins)
     continue_loss = tf.nn.sigmoid_cross_entropy_with_logits(cont, wm.continue_logit(feat))
-    loss, metrics = combine_world_model_loss(wm, decoder_loss, reward_loss, continue_loss, post,
-                                             prior, hp)
+    loss, metrics = combine_world_model_loss(
+        wm, decoder_loss, reward_loss, continue_loss, post, prior, hp
+    )
     return loss, metrics, (h, z)
 
 
@@ -73,14 +79,16 @@ def kl_balancing(wm, post_logits, prior_logits, free_bits):
     return math_ops.free_bits(kl_dyn, free_bits), math_ops.free_bits(kl_rep, free_bits), kl_dyn
 
 
-def combine_world_model_loss(wm, decoder_loss, reward_loss, continue_loss, post_logits,
-                             prior_logits, hp):
+def combine_world_model_loss(
+    wm, decoder_loss, reward_loss, continue_loss, post_logits, prior_logits, hp
+):
     """`(L(φ), metrics)` from the per-step prediction losses `[T, B]` and the posterior and
     prior logits `[T, B, K, C]`."""
     pred_loss = decoder_loss + reward_loss + continue_loss
     dyn_loss, rep_loss, kl = kl_balancing(wm, post_logits, prior_logits, hp.free_bits)
-    loss = tf.reduce_mean(hp.pred_loss_scale * pred_loss + hp.dyn_loss_scale * dyn_loss
-                          + hp.rep_loss_scale * rep_loss)
+    loss = tf.reduce_mean(
+        hp.pred_loss_scale * pred_loss + hp.dyn_loss_scale * dyn_loss + hp.rep_loss_scale * rep_loss
+    )
     prior_entropy = math_ops.categorical_entropy(wm.probs(prior_logits), [-2, -1])
     post_entropy = math_ops.categorical_entropy(wm.probs(post_logits), [-2, -1])
     metrics = {
@@ -169,10 +177,12 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
     ema_value = model.critic_ema.value(sg(feat[:-1]))
-    critic_loss = critic_nll(critic(sg(feat[:-1])), returns, ema_value, weights,
-                             hp.critic_ema_regularizer, critic.bins)
-    return actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights,
-                                  critic_loss, hp)
+    critic_loss = critic_nll(
+        critic(sg(feat[:-1])), returns, ema_value, weights, hp.critic_ema_regularizer, critic.bins
+    )
+    return actor_loss_and_metrics(
+        model, imagined, reward, cont, value, returns, weights, critic_loss, hp
+    )
 
 
 def critic_nll(logits, returns, ema_value, weights, regularizer, bins):
@@ -190,8 +200,7 @@ def critic_nll(logits, returns, ema_value, weights, regularizer, bins):
     return tf.reduce_mean(sg(weights) * (nll + regularizer * regularizer_nll))
 
 
-def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights, critic_loss,
-                           hp):
+def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights, critic_loss, hp):
     """The actor loss, the new return scale and the metrics, from the imagined trajectory's
     predictions (`reward`, `cont`, `value` `[H + 1, N]`) and `returns`, `weights` `[H, N]`.
 
@@ -202,8 +211,9 @@ def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weight
     entropy.
     """
     actor = model.actor
-    scale = math_ops.return_scale_update(model.return_scale, sg(returns),
-                                         hp.return_normalization_decay)
+    scale = math_ops.return_scale_update(
+        model.return_scale, sg(returns), hp.return_normalization_decay
+    )
     adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
     dist, actions = imagined.dist, imagined.actions  # the actor's on sg(s_t)
     entropy = actor.entropy(dist)

@@ -58,8 +58,10 @@ def two_hot(y, bins):
 
 def two_hot_from_parts(below, weight_above, num_bins):
     """The dense `[..., num_bins]` two-hot weights of :func:`two_hot_parts`' output."""
-    return (tf.one_hot(below, num_bins) * (1.0 - weight_above)[..., None]
-            + tf.one_hot(below + 1, num_bins) * weight_above[..., None])
+    return (
+        tf.one_hot(below, num_bins) * (1.0 - weight_above)[..., None]
+        + tf.one_hot(below + 1, num_bins) * weight_above[..., None]
+    )
 
 
 def two_hot_log_prob(logits, target, bins):
@@ -187,8 +189,9 @@ def percentiles(x, qs):
         ranks = sorted({r for lo, hi, _ in places for r in (lo, hi)})
         values = _order_statistics(flat, ranks)
         at = {r: values[i] for i, r in enumerate(ranks)}
-        return [at[lo] * (1.0 - frac) + at[hi] * frac if frac else at[lo]
-                for lo, hi, frac in places]
+        return [
+            at[lo] * (1.0 - frac) + at[hi] * frac if frac else at[lo] for lo, hi, frac in places
+        ]
     flat = tf.sort(flat)
     size = tf.size(flat)
     out = []

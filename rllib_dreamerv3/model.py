@@ -23,15 +23,27 @@ class DreamerV3Model(tf.Module):
         cnn_kernel: kernel size of the image encoder and decoder.
     """
 
-    def __init__(self, obs_shape, action_dim, discrete, size, unimix=0.01, num_bins=255,
-                 actor_min_std=0.1, actor_max_std=1.0, cnn_kernel=4, name="dreamer"):
+    def __init__(
+        self,
+        obs_shape,
+        action_dim,
+        discrete,
+        size,
+        unimix=0.01,
+        num_bins=255,
+        actor_min_std=0.1,
+        actor_max_std=1.0,
+        cnn_kernel=4,
+        name="dreamer",
+    ):
         super().__init__(name=name)
         obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
         self.obs_shape = obs_shape
         self.world_model = WorldModel(obs_shape, action_dim, size, unimix, num_bins, cnn_kernel)
         feat_dim = self.world_model.feat_dim
-        self.actor = Actor(feat_dim, action_dim, discrete, size, unimix, actor_min_std,
-                           actor_max_std)
+        self.actor = Actor(
+            feat_dim, action_dim, discrete, size, unimix, actor_min_std, actor_max_std
+        )
         self.critic = Critic(feat_dim, size, num_bins)
         self.critic_ema = Critic(feat_dim, size, num_bins)
         for slow, fast in zip(self.critic_ema.variables, self.critic.variables):
@@ -59,8 +71,9 @@ class DreamerV3Model(tf.Module):
         """
         h, z, prev_action = carry
         wm = self.world_model
-        h, z, _ = wm.observe_step(h, z, prev_action, wm.encoder(obs), is_first, seed,
-                                     sample=explore)
+        h, z, _ = wm.observe_step(
+            h, z, prev_action, wm.encoder(obs), is_first, seed, sample=explore
+        )
         dist = self.actor.dist(tf.concat([h, z], -1))
         seed = random_ops.fold_in(seed, 1)
         action = self.actor.sample(dist, seed) if explore else self.actor.mode(dist)

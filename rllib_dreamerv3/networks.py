@@ -100,12 +100,16 @@ class Conv(tf.Module):
 
     matmul_dtype = tf.float32  # see `set_matmul_dtype`
 
-    def __init__(self, in_channels, out_channels, kernel, stride, transpose=False, bias=True,
-                 name=None):
+    def __init__(
+        self, in_channels, out_channels, kernel, stride, transpose=False, bias=True, name=None
+    ):
         super().__init__(name=name)
         self.stride, self.transpose, self.out_channels = stride, transpose, out_channels
-        shape = ([kernel, kernel, out_channels, in_channels] if transpose
-                 else [kernel, kernel, in_channels, out_channels])
+        shape = (
+            [kernel, kernel, out_channels, in_channels]
+            if transpose
+            else [kernel, kernel, in_channels, out_channels]
+        )
         self.w = tf.Variable(_glorot_uniform(shape), name="w")
         self.b = tf.Variable(tf.zeros([out_channels]), name="b") if bias else None
 
@@ -113,8 +117,7 @@ class Conv(tf.Module):
         x, w = in_dtype(self.matmul_dtype, x, self.w)
         if self.transpose:
             n, height, width = tf.shape(x)[0], x.shape[1], x.shape[2]
-            out_shape = tf.stack([n, height * self.stride, width * self.stride,
-                                  self.out_channels])
+            out_shape = tf.stack([n, height * self.stride, width * self.stride, self.out_channels])
             y = tf.nn.conv2d_transpose(x, w, out_shape, self.stride, padding="SAME")
         else:
             y = tf.nn.conv2d(x, w, self.stride, padding="SAME")
@@ -139,13 +142,11 @@ class MLP(tf.Module):
     """`num_layers` :class:`DenseBlock`s of `units` each, optionally followed by an output
     layer of `out_units`."""
 
-    def __init__(self, in_units, units, num_layers, out_units=None, zero_init_out=False,
-                 name=None):
+    def __init__(self, in_units, units, num_layers, out_units=None, zero_init_out=False, name=None):
         super().__init__(name=name)
         sizes = [in_units] + [units] * num_layers
         self.blocks = [DenseBlock(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
-        self.out = (Dense(sizes[-1], out_units, zero_init=zero_init_out)
-                    if out_units else None)
+        self.out = Dense(sizes[-1], out_units, zero_init=zero_init_out) if out_units else None
         self.out_units = out_units or sizes[-1]
 
     def __call__(self, x):
@@ -157,8 +158,7 @@ class MLP(tf.Module):
 def two_hot_head(in_units, size, num_bins):
     """The MLP of a two-hot head (reward, critic): `size`'s hidden layers and a zero-initialised
     output layer of `num_bins` logits, so that the head predicts 0 at the start."""
-    return MLP(in_units, size.dense_units, size.mlp_layers, out_units=num_bins,
-               zero_init_out=True)
+    return MLP(in_units, size.dense_units, size.mlp_layers, out_units=num_bins, zero_init_out=True)
 
 
 class GRUCell(tf.Module):

@@ -47,7 +47,7 @@ def uniform(shape, seed):
     counter = tf.cast(tf.range(num), tf.uint32)
     key = _key(seed)
     bits = _mix(tf.bitwise.bitwise_xor(_mix(counter), key) + key)
-    values = (tf.cast(tf.bitwise.right_shift(bits, 8), tf.float32) + 0.5) * (2.0 ** -24)
+    values = (tf.cast(tf.bitwise.right_shift(bits, 8), tf.float32) + 0.5) * (2.0**-24)
     return tf.reshape(values, shape)
 
 

@@ -38,7 +38,8 @@ class ReplayBuffer:
         if capacity < batch_length:
             raise ValueError(
                 f"replay capacity={capacity} is smaller than batch_length_T={batch_length}; "
-                "use a capacity of at least T steps.")
+                "use a capacity of at least T steps."
+            )
         self.capacity = int(capacity)
         self.batch_length = int(batch_length)
         self._data = {
@@ -103,7 +104,7 @@ class ReplayBuffer:
         stored = evicted >= 0
         np.maximum.at(self._first, evicted[stored], self._index[slots][stored] + 1)
         for key in FIELDS:
-            self._data[key][slots] = steps[key][n - keep:]
+            self._data[key][slots] = steps[key][n - keep :]
         self._stream[slots] = sid
         self._index[slots] = index
         last = self._last_slot[sid]
@@ -132,14 +133,16 @@ class ReplayBuffer:
         if not self.can_sample():
             raise RuntimeError(
                 f"The replay buffer holds no sequence of batch_length_T={self.batch_length} steps "
-                f"yet ({self._size} steps stored); collect more steps before sampling.")
+                f"yet ({self._size} steps stored); collect more steps before sampling."
+            )
         # Rejection sampling over slots is exact and O(B); invalid starts (the last T-1 steps of
         # each stream) are rare, but fall back to enumerating the valid ones if they are not.
         candidates = self._rng.integers(0, self._size, 8 * batch_size)
         starts = candidates[self._valid(candidates)]
         if len(starts) < batch_size:
-            starts = self._rng.choice(np.flatnonzero(self._valid(np.arange(self._size))),
-                                      batch_size)
+            starts = self._rng.choice(
+                np.flatnonzero(self._valid(np.arange(self._size))), batch_size
+            )
         slots = np.empty((batch_size, self.batch_length), np.int64)
         slots[:, 0] = starts[:batch_size]
         for t in range(1, self.batch_length):
@@ -149,34 +152,48 @@ class ReplayBuffer:
     def get_state(self):
         """Everything needed to restore the buffer, as numpy arrays and plain Python values."""
         return {
-            "data": {k: v[:self._size] if self._size < self.capacity else v
-                     for k, v in self._data.items()},
-            "stream": self._stream, "index": self._index, "next_slot": self._next_slot,
-            "stream_ids": dict(self._stream_ids), "length": self._length, "first": self._first,
-            "last_slot": self._last_slot, "cursor": self._cursor, "size": self._size,
-            "added": self._added, "rng": self._rng.bit_generator.state,
+            "data": {
+                k: v[: self._size] if self._size < self.capacity else v
+                for k, v in self._data.items()
+            },
+            "stream": self._stream,
+            "index": self._index,
+            "next_slot": self._next_slot,
+            "stream_ids": dict(self._stream_ids),
+            "length": self._length,
+            "first": self._first,
+            "last_slot": self._last_slot,
+            "cursor": self._cursor,
+            "size": self._size,
+            "added": self._added,
+            "rng": self._rng.bit_generator.state,
         }
 
     @property
     def spec(self):
         """`{capacity, obs_shape, obs_dtype, action_dim}`: what a restored state must match."""
-        return {"capacity": self.capacity, "obs_shape": list(self._data["obs"].shape[1:]),
-                "obs_dtype": self._data["obs"].dtype.name,
-                "action_dim": int(self._data["actions"].shape[1])}
+        return {
+            "capacity": self.capacity,
+            "obs_shape": list(self._data["obs"].shape[1:]),
+            "obs_dtype": self._data["obs"].dtype.name,
+            "action_dim": int(self._data["actions"].shape[1]),
+        }
 
     def check_state(self, state):
         """Raise a ValueError if :meth:`set_state` could not take `state` (changes nothing)."""
         if len(state["stream"]) != self.capacity:
             raise ValueError(
                 f"Replay state has capacity {len(state['stream'])}, this buffer {self.capacity}; "
-                "restore with the same replay_capacity.")
+                "restore with the same replay_capacity."
+            )
         for key in FIELDS:
             stored, own = np.asarray(state["data"][key]), self._data[key]
             if stored.shape[1:] != own.shape[1:] or stored.dtype != own.dtype:
                 raise ValueError(
                     f"Replay state's {key!r} are {stored.dtype}{list(stored.shape[1:])}, this "
                     f"buffer's {own.dtype}{list(own.shape[1:])}: the state comes from another "
-                    "env or action space.")
+                    "env or action space."
+                )
 
     def set_state(self, state):
         """Restore from :meth:`get_state` (capacities must match)."""

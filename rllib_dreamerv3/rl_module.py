@@ -27,9 +27,13 @@ class DreamerV3RLModule(TfRLModule):
     """
 
     # Inference needs the encoder, the RSSM and the actor; not the heads or the critics.
-    inference_only_excluded = ("model/critic", "model/critic_ema", "model/world_model/decoder",
-                               "model/world_model/reward_head",
-                               "model/world_model/continue_head")
+    inference_only_excluded = (
+        "model/critic",
+        "model/critic_ema",
+        "model/world_model/decoder",
+        "model/world_model/reward_head",
+        "model/world_model/continue_head",
+    )
 
     def setup(self):
         check_spaces(self.observation_space, self.action_space)
@@ -82,8 +86,7 @@ class DreamerV3RLModule(TfRLModule):
                 high = tf.constant(self.action_space.high, tf.float32)
 
             def policy(obs, is_first, h, z, action, seed):
-                action, (h, z, _) = model.policy_step((h, z, action), obs, is_first, seed,
-                                                      explore)
+                action, (h, z, _) = model.policy_step((h, z, action), obs, is_first, seed, explore)
                 if model.discrete:
                     env_action = tf.argmax(action, -1) + int(self.action_space.start)
                 else:
@@ -96,11 +99,14 @@ class DreamerV3RLModule(TfRLModule):
 
     def _act(self, batch, explore):
         state = batch[Columns.STATE_IN]
-        args = (tf.convert_to_tensor(batch[Columns.OBS]),
-                tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
-                tf.convert_to_tensor(state["h"]), tf.convert_to_tensor(state["z"]),
-                tf.convert_to_tensor(state["action"]),
-                tf.convert_to_tensor(self._next_seed()))
+        args = (
+            tf.convert_to_tensor(batch[Columns.OBS]),
+            tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
+            tf.convert_to_tensor(state["h"]),
+            tf.convert_to_tensor(state["z"]),
+            tf.convert_to_tensor(state["action"]),
+            tf.convert_to_tensor(self._next_seed()),
+        )
         # A concrete function per (mode, shapes and dtypes): calling it skips tf.function's
         # per-call argument matching, which costs about as much as a small policy step.
         key = (explore,) + tuple((tuple(a.shape), a.dtype) for a in args)
@@ -109,8 +115,11 @@ class DreamerV3RLModule(TfRLModule):
             fn = self.policy_fn(explore).get_concrete_function(*args)
             self._concrete_fns[key] = fn
         env_action, action, h, z = fn(*args)
-        return {Columns.ACTIONS: env_action, "actions_model": action,
-                Columns.STATE_OUT: {"h": h, "z": z, "action": action}}
+        return {
+            Columns.ACTIONS: env_action,
+            "actions_model": action,
+            Columns.STATE_OUT: {"h": h, "z": z, "action": action},
+        }
 
     def _forward_inference(self, batch, **kwargs):
         return self._act(batch, explore=False)
@@ -120,4 +129,5 @@ class DreamerV3RLModule(TfRLModule):
 
     def _forward_train(self, batch, **kwargs):
         raise NotImplementedError(
-            "DreamerV3 trains through DreamerV3Learner's compiled update, not forward_train.")
+            "DreamerV3 trains through DreamerV3Learner's compiled update, not forward_train."
+        )

@@ -18,19 +18,22 @@ def check_spaces(observation_space, action_space):
         raise ValueError(
             f"Unsupported observation space {obs!r}. DreamerV3 supports {SUPPORTED}. Dict "
             "observations (e.g. an image plus a vector) are not supported: keep the image, or "
-            "flatten the vector parts into one 1-D Box with gymnasium.wrappers.FlattenObservation.")
+            "flatten the vector parts into one 1-D Box with gymnasium.wrappers.FlattenObservation."
+        )
     if not isinstance(obs, gym.spaces.Box):
         raise ValueError(
             f"Unsupported observation space {obs!r}. DreamerV3 supports {SUPPORTED}. "
             "Flatten Tuple/MultiBinary observations into a 1-D Box, e.g. with "
-            "gymnasium.wrappers.FlattenObservation.")
+            "gymnasium.wrappers.FlattenObservation."
+        )
     if len(obs.shape) == 3:
         _check_image_space(obs)
     elif len(obs.shape) != 1:
         raise ValueError(
             f"Unsupported observation shape {obs.shape} of {obs!r}. DreamerV3 supports "
             f"{SUPPORTED}. Flatten other arrays into a 1-D Box with "
-            "gymnasium.wrappers.FlattenObservation.")
+            "gymnasium.wrappers.FlattenObservation."
+        )
     act = action_space
     if isinstance(act, gym.spaces.Discrete):
         return
@@ -39,11 +42,13 @@ def check_spaces(observation_space, action_space):
             raise ValueError(
                 f"Action space {act!r} has infinite bounds. DreamerV3 supports {SUPPORTED}: "
                 "its continuous actor acts in [-1, 1] and rescales to the bounds. Give the Box "
-                "finite low/high, e.g. with gymnasium.wrappers.ClipAction and RescaleAction.")
+                "finite low/high, e.g. with gymnasium.wrappers.ClipAction and RescaleAction."
+            )
         return
     raise ValueError(
         f"Unsupported action space {act!r}. DreamerV3 supports {SUPPORTED}. MultiDiscrete, "
-        "MultiBinary, Dict and Tuple action spaces are not supported.")
+        "MultiBinary, Dict and Tuple action spaces are not supported."
+    )
 
 
 def _check_image_space(obs):
@@ -53,20 +58,23 @@ def _check_image_space(obs):
             f"Image observations {obs!r} look channels-first {obs.shape}; DreamerV3 needs "
             f"channels-last (64, 64, C). Transpose them, e.g. with "
             "gymnasium.wrappers.TransformObservation(env, lambda o: o.transpose(1, 2, 0), ...). "
-            f"DreamerV3 supports {SUPPORTED}.")
+            f"DreamerV3 supports {SUPPORTED}."
+        )
     if obs.dtype != np.uint8:
         raise ValueError(
             f"Image observations {obs!r} have dtype {obs.dtype}; DreamerV3 needs uint8 pixels "
             "in [0, 255] (they stay uint8 in the replay buffer). Convert them, e.g. "
             "(obs * 255).astype(np.uint8) in an ObservationWrapper. "
-            f"DreamerV3 supports {SUPPORTED}.")
+            f"DreamerV3 supports {SUPPORTED}."
+        )
     if (height, width) != (IMAGE_SIZE, IMAGE_SIZE) or channels not in (1, 3):
         raise ValueError(
             f"Unsupported image shape {obs.shape} of {obs!r}. DreamerV3's CNN takes "
             f"({IMAGE_SIZE}, {IMAGE_SIZE}, C) images with C = 3 (RGB) or 1 (grayscale). Resize "
             f"with gymnasium.wrappers.ResizeObservation(env, ({IMAGE_SIZE}, {IMAGE_SIZE})) "
             "(and GrayscaleObservation(env, keep_dim=True) for one channel); Atari ids "
-            f"'ALE/<Game>-v5' are wrapped to 64×64 automatically. DreamerV3 supports {SUPPORTED}.")
+            f"'ALE/<Game>-v5' are wrapped to 64×64 automatically. DreamerV3 supports {SUPPORTED}."
+        )
 
 
 def is_image(observation_space):

@@ -68,31 +68,39 @@ def make_update_fn(model, optimizers, hp, signature, jit_compile=True):
     def update(batch, seed):
         seeds = random_ops.split(seed, batch_length + 2 * horizon)
         with tf.GradientTape() as tape:
-            wm_loss, metrics, (h, z) = impl.world_model_loss(
-                model, batch, seeds[:batch_length], hp)
+            wm_loss, metrics, (h, z) = impl.world_model_loss(model, batch, seeds[:batch_length], hp)
         metrics["grad_norm_world_model"], metrics["skipped_world_model"] = _step(
-            optimizers[WORLD_MODEL], tape, wm_loss, wm_vars, hp.world_model_grad_clip)
+            optimizers[WORLD_MODEL], tape, wm_loss, wm_vars, hp.world_model_grad_clip
+        )
 
         start_h = tf.stop_gradient(tf.reshape(h, [batch_size * batch_length, -1]))
         start_z = tf.stop_gradient(tf.reshape(z, [batch_size * batch_length, -1]))
-        start_cont = 1.0 - tf.reshape(
-            tf.transpose(tf.cast(batch["is_terminal"], tf.float32)), [-1])
+        start_cont = 1.0 - tf.reshape(tf.transpose(tf.cast(batch["is_terminal"], tf.float32)), [-1])
         with tf.GradientTape() as actor_tape, tf.GradientTape() as critic_tape:
             imagined = impl.imagine(model, start_h, start_z, horizon, seeds[batch_length:])
             actor_loss, critic_loss, scale, ac_metrics = impl.actor_critic_losses(
-                model, imagined, start_cont, hp)
+                model, imagined, start_cont, hp
+            )
         metrics.update(ac_metrics)
         metrics["grad_norm_critic"], metrics["skipped_critic"] = _step(
-            optimizers[CRITIC], critic_tape, critic_loss, critic_vars, hp.critic_grad_clip)
+            optimizers[CRITIC], critic_tape, critic_loss, critic_vars, hp.critic_grad_clip
+        )
         metrics["grad_norm_actor"], metrics["skipped_actor"] = _step(
-            optimizers[ACTOR], actor_tape, actor_loss, actor_vars, hp.actor_grad_clip)
+            optimizers[ACTOR], actor_tape, actor_loss, actor_vars, hp.actor_grad_clip
+        )
         # The return scale is an EMA: a non-finite one would stay non-finite.
-        model.return_scale.assign(
-            tf.where(tf.math.is_finite(scale), scale, model.return_scale))
+        model.return_scale.assign(tf.where(tf.math.is_finite(scale), scale, model.return_scale))
         # The slow critic follows the critic only when the critic stepped.
-        tf.cond(metrics["skipped_critic"] > 0.0, lambda: None,
-                lambda: model.update_critic_ema(hp.critic_ema_rate))
+        tf.cond(
+            metrics["skipped_critic"] > 0.0,
+            lambda: None,
+            lambda: model.update_critic_ema(hp.critic_ema_rate),
+        )
         return metrics
 
-    return tf.function(update, jit_compile=jit_compile, autograph=False,
-                       input_signature=[signature, tf.TensorSpec([2], tf.int32)])
+    return tf.function(
+        update,
+        jit_compile=jit_compile,
+        autograph=False,
+        input_signature=[signature, tf.TensorSpec([2], tf.int32)],
+    )

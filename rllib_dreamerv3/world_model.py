@@ -24,22 +24,25 @@ class WorldModel(tf.Module):
         cnn_kernel: kernel size of the image encoder's and decoder's convolutions.
     """
 
-    def __init__(self, obs_shape, action_dim, size, unimix=0.01, num_bins=255, cnn_kernel=4,
-                 name=None):
+    def __init__(
+        self, obs_shape, action_dim, size, unimix=0.01, num_bins=255, cnn_kernel=4, name=None
+    ):
         super().__init__(name=name)
         self.size = size
         self.unimix = unimix
         self.stoch_shape = (size.num_categoricals, size.num_classes)
         self.stoch_dim = size.num_categoricals * size.num_classes
         self.feat_dim = size.gru_units + self.stoch_dim
-        self.encoder, self.decoder = make_encoder_decoder(obs_shape, self.feat_dim, size,
-                                                          cnn_kernel)
+        self.encoder, self.decoder = make_encoder_decoder(
+            obs_shape, self.feat_dim, size, cnn_kernel
+        )
         self.gru_input = DenseBlock(self.stoch_dim + action_dim, size.dense_units)
         self.gru = GRUCell(size.dense_units, size.gru_units)
         self.h0_raw = tf.Variable(tf.zeros([size.gru_units]), name="h0_raw")
         self.prior_net = MLP(size.gru_units, size.dense_units, 1, out_units=self.stoch_dim)
-        self.posterior_net = MLP(size.gru_units + self.encoder.out_units, size.dense_units, 1,
-                                 out_units=self.stoch_dim)
+        self.posterior_net = MLP(
+            size.gru_units + self.encoder.out_units, size.dense_units, 1, out_units=self.stoch_dim
+        )
         self.reward_head = two_hot_head(self.feat_dim, size, num_bins)
         self.continue_head = MLP(self.feat_dim, size.dense_units, size.mlp_layers, out_units=1)
         self.bins = math_ops.two_hot_bins(num_bins)
@@ -92,8 +95,11 @@ class WorldModel(tf.Module):
         """
         h0, z0 = self._initial() if initial is None else initial
         mask = tf.cast(is_first, h.dtype)[:, None]
-        return (mask * h0 + (1.0 - mask) * h, mask * z0 + (1.0 - mask) * z,
-                (1.0 - mask) * prev_action)
+        return (
+            mask * h0 + (1.0 - mask) * h,
+            mask * z0 + (1.0 - mask) * z,
+            (1.0 - mask) * prev_action,
+        )
 
     def sequence_step(self, h, z, action):
         """`h_t = GRU(h_{t-1}, DenseBlock([z_{t-1}, a_{t-1}]))`."""
@@ -137,8 +143,9 @@ class WorldModel(tf.Module):
 
         h, z, post = tf.scan(step, (prev_action, embed, is_first, seeds), state)
         # The prior needs only h: computed for all steps at once, after the recurrence.
-        prior = tf.reshape(self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])),
-                           [-1, batch, *self.stoch_shape])
+        prior = tf.reshape(
+            self.prior_logits(tf.reshape(h, [-1, h.shape[-1]])), [-1, batch, *self.stoch_shape]
+        )
         return h, z, post, prior
 
     # --- heads ----------------------------------------------------------------------------

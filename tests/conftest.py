@@ -11,7 +11,11 @@ def ray_session():
     """A 2-CPU local Ray for the tests of one module (`usefixtures("ray_session")`)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        ignore_reinit_error=True,
+        runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}},
+    )
     yield
     ray.shutdown()

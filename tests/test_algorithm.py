@@ -8,29 +8,63 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from rllib_dreamerv3 import DreamerV3, DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
 
-LOSSES = ("L_world_model", "L_pred", "L_dyn", "L_rep", "L_decoder", "L_reward", "L_continue",
-          "L_actor", "L_critic")
-DIAGNOSTICS = ("kl_dyn_before_free_bits", "kl_rep_before_free_bits", "prior_entropy",
-               "posterior_entropy", "return_scale", "critic_value_mean", "actor_entropy",
-               "grad_norm_world_model", "grad_norm_actor", "grad_norm_critic")
+LOSSES = (
+    "L_world_model",
+    "L_pred",
+    "L_dyn",
+    "L_rep",
+    "L_decoder",
+    "L_reward",
+    "L_continue",
+    "L_actor",
+    "L_critic",
+)
+DIAGNOSTICS = (
+    "kl_dyn_before_free_bits",
+    "kl_rep_before_free_bits",
+    "prior_entropy",
+    "posterior_entropy",
+    "return_scale",
+    "critic_value_mean",
+    "actor_entropy",
+    "grad_norm_world_model",
+    "grad_norm_actor",
+    "grad_norm_critic",
+)
 
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def tiny_config(env="CartPole-v1", **training):
-    settings = dict(model_size="nano", batch_size_B=2, batch_length_T=8, horizon_H=3,
-                    training_ratio=32, num_steps_sampled_before_learning_starts=32)
+    settings = dict(
+        model_size="nano",
+        batch_size_B=2,
+        batch_length_T=8,
+        horizon_H=3,
+        training_ratio=32,
+        num_steps_sampled_before_learning_starts=32,
+    )
     settings.update(training)
-    return (DreamerV3Config().environment(env).training(**settings)
-            .reporting(min_sample_timesteps_per_iteration=16).debugging(seed=0))
+    return (
+        DreamerV3Config()
+        .environment(env)
+        .training(**settings)
+        .reporting(min_sample_timesteps_per_iteration=16)
+        .debugging(seed=0)
+    )
 
 
-@pytest.mark.parametrize("env,num_env_runners,num_learners", [
-    ("CartPole-v1", 0, 0), ("CartPole-v1", 1, 1), ("Pendulum-v1", 0, 1), ("Pendulum-v1", 1, 0)])
+@pytest.mark.parametrize(
+    "env,num_env_runners,num_learners",
+    [("CartPole-v1", 0, 0), ("CartPole-v1", 1, 1), ("Pendulum-v1", 0, 1), ("Pendulum-v1", 1, 0)],
+)
 def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
-    config = (tiny_config(env).env_runners(num_env_runners=num_env_runners)
-              .learners(num_learners=num_learners))
+    config = (
+        tiny_config(env)
+        .env_runners(num_env_runners=num_env_runners)
+        .learners(num_learners=num_learners)
+    )
     algo = config.build_algo()
     try:
         for _ in range(2):
@@ -56,8 +90,13 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
 
 
 def test_pong_trains_two_iterations_with_uint8_frames_and_dreams():
-    config = tiny_config("ALE/Pong-v5", dream_every_n_updates=32, dream_num_sequences=1,
-                         dream_burn_in=3, replay_capacity=10_000)
+    config = tiny_config(
+        "ALE/Pong-v5",
+        dream_every_n_updates=32,
+        dream_num_sequences=1,
+        dream_burn_in=3,
+        replay_capacity=10_000,
+    )
     algo = config.build_algo()
     try:
         results = [algo.train() for _ in range(2)]
@@ -121,8 +160,7 @@ def test_checkpoint_round_trip(tmp_path, store_buffer):
         assert restored.training_iteration == 2
         if store_buffer:
             assert len(restored.replay_buffer) == len(algo.replay_buffer)
-            np.testing.assert_array_equal(restored.replay_buffer.sample(4)["obs"].shape,
-                                          (4, 8, 4))
+            np.testing.assert_array_equal(restored.replay_buffer.sample(4)["obs"].shape, (4, 8, 4))
         else:
             assert len(restored.replay_buffer) == 0
         result = restored.train()  # continues where it stopped
@@ -154,8 +192,13 @@ class _ScriptedEnv(gym.Env):
         self.t += 1
         done = self.t == 3
         obs = np.array([self.episode, self.t], np.float32)
-        return obs, float(self.t), done and self.episode % 2 == 0, \
-            done and self.episode % 2 == 1, {}
+        return (
+            obs,
+            float(self.t),
+            done and self.episode % 2 == 0,
+            done and self.episode % 2 == 1,
+            {},
+        )
 
 
 def test_env_runner_records_terminated_vs_truncated():
@@ -184,15 +227,17 @@ def test_policy_state_resets_on_is_first():
     obs = np.zeros((2, 4), np.float32)
     state = {k: np.repeat(v[None], 2, 0) for k, v in module.get_initial_state().items()}
     state["h"] = state["h"] + 5.0
-    out = module.forward_inference({"obs": obs, "is_first": np.array([True, False]),
-                                    "state_in": state})
+    out = module.forward_inference(
+        {"obs": obs, "is_first": np.array([True, False]), "state_in": state}
+    )
     assert out["actions"].shape == (2,)
     h = out["state_out"]["h"].numpy()
     # Same observation, but env 0 restarted from the initial state and env 1 from h + 5.
     assert not np.allclose(h[0], h[1])
     fresh = {k: np.repeat(v[None], 2, 0) for k, v in module.get_initial_state().items()}
-    out_fresh = module.forward_inference({"obs": obs, "is_first": np.array([False, False]),
-                                          "state_in": fresh})
+    out_fresh = module.forward_inference(
+        {"obs": obs, "is_first": np.array([False, False]), "state_in": fresh}
+    )
     np.testing.assert_allclose(h[0], out_fresh["state_out"]["h"].numpy()[0], rtol=1e-5)
     runner.stop()
 
@@ -230,10 +275,17 @@ def _greedy_chunks(overlap, calls):
 def test_overlapped_sampling_records_what_lockstep_sampling_records():
     """Greedy actions are deterministic, so grouping the policy calls in two halves (while the
     other half's envs step) must give the same records, across calls and with resets."""
-    calls = [{"num_timesteps": 40}, {"num_timesteps": 20}, {"num_episodes": 3},
-             {"num_timesteps": 8, "random_actions": True}, {"num_timesteps": 12}]
-    (lockstep, state_ref), (overlapped, state) = (_greedy_chunks(False, calls),
-                                                  _greedy_chunks(True, calls))
+    calls = [
+        {"num_timesteps": 40},
+        {"num_timesteps": 20},
+        {"num_episodes": 3},
+        {"num_timesteps": 8, "random_actions": True},
+        {"num_timesteps": 12},
+    ]
+    (lockstep, state_ref), (overlapped, state) = (
+        _greedy_chunks(False, calls),
+        _greedy_chunks(True, calls),
+    )
     assert len(lockstep[2][0][1]["obs"]) > 0
     for key in state_ref:  # every env's recurrent state followed its own observations
         np.testing.assert_allclose(state[key], state_ref[key], rtol=1e-5, atol=1e-6)
@@ -249,8 +301,11 @@ def test_overlap_is_on_by_default_for_image_envs_with_several_envs():
         config = tiny_config(env).env_runners(num_envs_per_env_runner=num_envs)
         return DreamerV3EnvRunner(config=config, worker_index=0)
 
-    for env, num_envs, expected in [("ALE/Pong-v5", 2, True), ("ALE/Pong-v5", 1, False),
-                                    ("CartPole-v1", 4, False)]:
+    for env, num_envs, expected in [
+        ("ALE/Pong-v5", 2, True),
+        ("ALE/Pong-v5", 1, False),
+        ("CartPole-v1", 4, False),
+    ]:
         r = runner(env, num_envs)
         assert r.overlaps_policy_and_envs is expected, (env, num_envs)
         r.stop()
@@ -260,8 +315,7 @@ def test_remote_env_runners_use_their_cpus_as_tf_threads():
     from types import SimpleNamespace
 
     def threads(worker_index, **settings):
-        config = (DreamerV3Config().training(**settings.pop("training", {}))
-                  .env_runners(**settings))
+        config = DreamerV3Config().training(**settings.pop("training", {})).env_runners(**settings)
         fake = SimpleNamespace(config=config, worker_index=worker_index)
         return DreamerV3EnvRunner._tf_threads(fake)
 

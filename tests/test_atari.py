@@ -16,10 +16,32 @@ from rllib_dreamerv3.env_runner import make_env
 
 TUNED = os.path.join(os.path.dirname(__file__), "..", "tuned_examples")
 ATARI_100K_GAMES = {
-    "Alien", "Amidar", "Assault", "Asterix", "BankHeist", "BattleZone", "Boxing", "Breakout",
-    "ChopperCommand", "CrazyClimber", "DemonAttack", "Freeway", "Frostbite", "Gopher", "Hero",
-    "Jamesbond", "Kangaroo", "Krull", "KungFuMaster", "MsPacman", "Pong", "PrivateEye", "Qbert",
-    "RoadRunner", "Seaquest", "UpNDown",
+    "Alien",
+    "Amidar",
+    "Assault",
+    "Asterix",
+    "BankHeist",
+    "BattleZone",
+    "Boxing",
+    "Breakout",
+    "ChopperCommand",
+    "CrazyClimber",
+    "DemonAttack",
+    "Freeway",
+    "Frostbite",
+    "Gopher",
+    "Hero",
+    "Jamesbond",
+    "Kangaroo",
+    "Krull",
+    "KungFuMaster",
+    "MsPacman",
+    "Pong",
+    "PrivateEye",
+    "Qbert",
+    "RoadRunner",
+    "Seaquest",
+    "UpNDown",
 }
 
 
@@ -110,11 +132,14 @@ def test_unknown_key_lists_the_valid_keys():
         assert repr(key) in str(info.value)
 
 
-@pytest.mark.parametrize("env_config, match", [
-    ({"protocol": "atari100"}, "protocol='atari100'.*'atari100k'"),
-    ({"grayscale": 1}, "grayscale=1 must be True or False"),
-    ({"render_mode": "rgb"}, "render_mode='rgb' is unknown.*'rgb_array'"),
-])
+@pytest.mark.parametrize(
+    "env_config, match",
+    [
+        ({"protocol": "atari100"}, "protocol='atari100'.*'atari100k'"),
+        ({"grayscale": 1}, "grayscale=1 must be True or False"),
+        ({"render_mode": "rgb"}, "render_mode='rgb' is unknown.*'rgb_array'"),
+    ],
+)
 def test_bad_values_are_named(env_config, match):
     with pytest.raises(ValueError, match=match):
         make_atari_env("ALE/Pong-v5", env_config)
@@ -147,8 +172,10 @@ def test_atari100k_grid_example_runs_the_26_games_with_the_atari100k_settings():
     assert sorted(g for g in grid if f"ALE/{g}-v5" not in gym.registry) == []
 
 
-@pytest.mark.parametrize("name, protocol, steps", [
-    ("pong.yaml", "atari", 20_000), ("atari_100k.yaml", "atari100k", 100_000)])
+@pytest.mark.parametrize(
+    "name, protocol, steps",
+    [("pong.yaml", "atari", 20_000), ("atari_100k.yaml", "atari100k", 100_000)],
+)
 def test_atari_tuned_examples_are_valid_configs(name, protocol, steps):
     with open(os.path.join(TUNED, name)) as f:
         (spec,) = yaml.safe_load(f).values()

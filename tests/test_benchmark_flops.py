@@ -50,8 +50,9 @@ def test_strided_convolution_counts_only_real_input_taps():
 
 def test_transposed_convolution_skips_the_holes_of_the_dilated_input():
     small, kernel = tf.ones([1, 4, 4, 5]), tf.ones([4, 4, 3, 5])
-    count = _count(lambda x, k: tf.nn.conv2d_transpose(x, k, [1, 8, 8, 3], 2, "SAME"),
-                   small, kernel)
+    count = _count(
+        lambda x, k: tf.nn.conv2d_transpose(x, k, [1, 8, 8, 3], 2, "SAME"), small, kernel
+    )
     # Each input pixel meets every kernel tap once (4 * 4 taps), minus taps that fall off
     # the 8x8 output: per dimension 4 inputs x 4 taps = 16, of which 2 fall outside.
     assert count.convolution == 2 * 1 * 3 * 5 * (14 * 14)
@@ -64,8 +65,9 @@ def test_conditionals_count_their_costliest_branch():
         return tf.cond(x[0, 0] > 0.0, lambda: x @ w, lambda: x)
 
     def indexed(x, w):  # HLO: branch_computations={...}
-        return tf.switch_case(tf.cast(x[0, 0], tf.int32),
-                              [lambda: x, lambda: x @ w @ w, lambda: x @ w])
+        return tf.switch_case(
+            tf.cast(x[0, 0], tf.int32), [lambda: x, lambda: x @ w @ w, lambda: x @ w]
+        )
 
     assert _count(predicated, x, w).dot == 2 * 4 * 8 * 8
     assert _count(indexed, x, w).dot == 2 * 2 * 4 * 8 * 8

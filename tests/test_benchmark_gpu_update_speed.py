@@ -14,8 +14,10 @@ sys.path.insert(0, BENCHMARKS)
 
 import gpu_update_speed as gus  # noqa: E402
 
-HEADER = ("HloModule a_inference_update_1__.9, input_output_alias={ {3}: (6, {}, may-alias), "
-          "{4}: (9, {}, may-alias) }, entry_computation_layout={(f32[2]{0})->(f32[])}")
+HEADER = (
+    "HloModule a_inference_update_1__.9, input_output_alias={ {3}: (6, {}, may-alias), "
+    "{4}: (9, {}, may-alias) }, entry_computation_layout={(f32[2]{0})->(f32[])}"
+)
 
 
 def test_aliases_are_read_from_the_module_header():
@@ -24,13 +26,15 @@ def test_aliases_are_read_from_the_module_header():
 
 
 def test_host_params_are_exact_constant_or_redrawn_with_the_recorded_moments():
-    meta = {"params": [
-        {"shape": [3], "dtype": "float32", "exact": True},
-        {"shape": [64, 64], "dtype": "float32", "exact": False, "mean": 1.0, "std": 0.0},
-        {"shape": [400, 500], "dtype": "float32", "exact": False, "mean": 0.5, "std": 2.0},
-        {"shape": [2, 64, 64, 3], "dtype": "uint8", "exact": False, "uniform_uint8": True},
-        {"shape": [], "dtype": "int64", "exact": True},
-    ]}
+    meta = {
+        "params": [
+            {"shape": [3], "dtype": "float32", "exact": True},
+            {"shape": [64, 64], "dtype": "float32", "exact": False, "mean": 1.0, "std": 0.0},
+            {"shape": [400, 500], "dtype": "float32", "exact": False, "mean": 0.5, "std": 2.0},
+            {"shape": [2, 64, 64, 3], "dtype": "uint8", "exact": False, "uniform_uint8": True},
+            {"shape": [], "dtype": "int64", "exact": True},
+        ]
+    }
     exact = {"p0": np.array([1.0, 2.0, 3.0], np.float32), "p4": np.array(7, np.int64)}
     values = gus._host_params(meta, exact, np.random.default_rng(0))
     np.testing.assert_array_equal(values[0], exact["p0"])
@@ -46,15 +50,28 @@ def _run(command, *args):
     """`gpu_update_speed.py COMMAND ARGS` in a subprocess; its stdout (it must succeed)."""
     out = subprocess.run(
         [sys.executable, os.path.join(BENCHMARKS, "gpu_update_speed.py"), command, *args],
-        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        timeout=600)
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
 
 def _export_nano(out_dir, *extra):
-    return _run("export", "--out", str(out_dir), "--sizes", "nano", "--inputs", "vector",
-                "--precisions", "float32", *extra)
+    return _run(
+        "export",
+        "--out",
+        str(out_dir),
+        "--sizes",
+        "nano",
+        "--inputs",
+        "vector",
+        "--precisions",
+        "float32",
+        *extra,
+    )
 
 
 def test_export_writes_a_module_whose_parameters_and_aliases_match_the_update(tmp_path):
@@ -67,8 +84,14 @@ def test_export_writes_a_module_whose_parameters_and_aliases_match_the_update(tm
     # the batch (actions, is_first, is_terminal, obs, rewards) and the seed come first ...
     params = meta["params"]
     assert meta["num_batch_params"] == 6
-    assert [p["shape"] for p in params[:6]] == [[16, 64, 2], [16, 64], [16, 64], [16, 64, 4],
-                                              [16, 64], [2]]
+    assert [p["shape"] for p in params[:6]] == [
+        [16, 64, 2],
+        [16, 64],
+        [16, 64],
+        [16, 64, 4],
+        [16, 64],
+        [2],
+    ]
     assert all(p["exact"] for p in params[:6])
     # ... then every variable: the model's (the EMA critic's too) and two Adam slots for each
     # trained one

@@ -24,8 +24,13 @@ def _run(script):
     """Run `script` in a fresh interpreter (op_profile must set XLA_FLAGS before TensorFlow
     compiles anything) and return the JSON of its last line."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", script, BENCHMARKS], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script, BENCHMARKS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -35,8 +40,11 @@ def test_profile_ops_sees_the_matmul_once_per_run():
     assert result["seconds"] > 0
     ops = result["ops"]
     assert ops, "no XLA operations found in the trace"
-    matmuls = {name: v for name, v in ops.items()
-               if any(key in name.lower() for key in ("dot", "matmul", "ynn"))}
+    matmuls = {
+        name: v
+        for name, v in ops.items()
+        if any(key in name.lower() for key in ("dot", "matmul", "ynn"))
+    }
     assert matmuls, f"no matmul among {sorted(ops)}"
     assert all(calls == 1.0 and ms > 0 for ms, calls in matmuls.values()), matmuls
 

@@ -23,10 +23,16 @@ TINY = {
         "env": "CartPole-v1",
         "run": "DreamerV3",
         "stop": {"training_iteration": 2},
-        "config": {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8,
-                   "horizon_H": 3, "training_ratio": 32,
-                   "num_steps_sampled_before_learning_starts": 16,
-                   "min_sample_timesteps_per_iteration": 16, "jit_compile": False},
+        "config": {
+            "model_size": "nano",
+            "batch_size_B": 4,
+            "batch_length_T": 8,
+            "horizon_H": 3,
+            "training_ratio": 32,
+            "num_steps_sampled_before_learning_starts": 16,
+            "min_sample_timesteps_per_iteration": 16,
+            "jit_compile": False,
+        },
     },
 }
 
@@ -50,13 +56,27 @@ def run(args, timeout):
 
 def test_train_file_then_evaluate_the_checkpoint(tmp_path):
     tiny = write_yaml(tmp_path / "tiny.yaml", TINY)
-    train = run([script("rllib"), "train", "file", tiny, "--storage-path",
-                 str(tmp_path / "results"), "--num-cpus", "2", "--verbose", "0"], timeout=300)
+    train = run(
+        [
+            script("rllib"),
+            "train",
+            "file",
+            tiny,
+            "--storage-path",
+            str(tmp_path / "results"),
+            "--num-cpus",
+            "2",
+            "--verbose",
+            "0",
+        ],
+        timeout=300,
+    )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     # A progress line per iteration, then the checkpoint and how to evaluate it.
     for iteration in (1, 2):
-        line = re.search(rf"iter {iteration} \| env steps (\d+) .*L_world_model (\S+)",
-                         train.stdout)
+        line = re.search(
+            rf"iter {iteration} \| env steps (\d+) .*L_world_model (\S+)", train.stdout
+        )
         assert line, train.stdout
     assert math.isfinite(float(line.group(2)))
     checkpoint = re.search(r"checkpoint: (\S+)", train.stdout).group(1)
@@ -66,8 +86,10 @@ def test_train_file_then_evaluate_the_checkpoint(tmp_path):
     # Videos too, where the optional packages for them are installed.
     video = all(importlib.util.find_spec(m) for m in ("moviepy", "pygame"))
     video_args = ["--video-dir", str(tmp_path / "videos")] if video else []
-    evaluate = run([script("rllib"), "evaluate", checkpoint, "--episodes", "3", "--json",
-                    *video_args], timeout=120)
+    evaluate = run(
+        [script("rllib"), "evaluate", checkpoint, "--episodes", "3", "--json", *video_args],
+        timeout=120,
+    )
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
     if video:
         assert len(glob.glob(str(tmp_path / "videos" / "*.mp4"))) == 3
@@ -101,8 +123,9 @@ def _variant(**changes):
     return {"tiny-cartpole": experiment}
 
 
-TUNED_EXAMPLES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..",
-                                              "tuned_examples", "*.yaml")))
+TUNED_EXAMPLES = sorted(
+    glob.glob(os.path.join(os.path.dirname(__file__), "..", "tuned_examples", "*.yaml"))
+)
 
 
 @pytest.mark.parametrize("path", TUNED_EXAMPLES, ids=os.path.basename)
@@ -118,8 +141,9 @@ def captured_run(monkeypatch):
     calls = []
 
     def run_experiments(experiments, source, args):
-        calls.append({name: cli.check_experiment(source, name, spec)
-                      for name, spec in experiments.items()})
+        calls.append(
+            {name: cli.check_experiment(source, name, spec) for name, spec in experiments.items()}
+        )
         return 0
 
     monkeypatch.setattr(cli, "run_experiments", run_experiments)
@@ -128,12 +152,29 @@ def captured_run(monkeypatch):
 
 def test_command_line_overrides_of_a_file(captured_run, tmp_path):
     path = write_yaml(tmp_path / "tiny.yaml", TINY)
-    assert cli.main(["train", "file", path, "--env", "Pendulum-v1",
-                     "--config", '{"training_ratio": 64}', "--stop", "{training_iteration: 7}",
-                     "--checkpoint-freq", "3", "--num-samples", "2",
-                     "--storage-path", str(tmp_path / "out")]) == 0
-    [(run, param_space, stop, checkpoint_config, num_samples, storage)] = (
-        captured_run[0].values())
+    assert (
+        cli.main(
+            [
+                "train",
+                "file",
+                path,
+                "--env",
+                "Pendulum-v1",
+                "--config",
+                '{"training_ratio": 64}',
+                "--stop",
+                "{training_iteration: 7}",
+                "--checkpoint-freq",
+                "3",
+                "--num-samples",
+                "2",
+                "--storage-path",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
+    [(run, param_space, stop, checkpoint_config, num_samples, storage)] = captured_run[0].values()
     assert run == "DreamerV3" and param_space["env"] == "Pendulum-v1"
     assert param_space["training_ratio"] == 64 and param_space["model_size"] == "nano"
     assert stop == {"training_iteration": 7}  # replaces the file's
@@ -142,13 +183,29 @@ def test_command_line_overrides_of_a_file(captured_run, tmp_path):
 
 
 def test_quick_train_without_a_file(captured_run):
-    assert cli.main(["train", "--algo", "DreamerV3", "--env", "CartPole-v1", "--config",
-                     '{"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8}',
-                     "--no-checkpoint-at-end"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--algo",
+                "DreamerV3",
+                "--env",
+                "CartPole-v1",
+                "--config",
+                '{"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8}',
+                "--no-checkpoint-at-end",
+            ]
+        )
+        == 0
+    )
     [(name, (run, param_space, stop, checkpoint_config, *_))] = captured_run[0].items()
     assert name == "DreamerV3_CartPole-v1" and run == "DreamerV3"
-    assert param_space == {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 8,
-                           "env": "CartPole-v1"}
+    assert param_space == {
+        "model_size": "nano",
+        "batch_size_B": 4,
+        "batch_length_T": 8,
+        "env": "CartPole-v1",
+    }
     assert stop == {} and checkpoint_config == {"checkpoint_at_end": False}
 
 
@@ -200,8 +257,9 @@ def test_unregistered_env(capsys, tmp_path):
 
 def test_invalid_value_and_yaml_number_pitfall(capsys, tmp_path):
     path = tmp_path / "value.yaml"
-    path.write_text("exp:\n  env: CartPole-v1\n  run: DreamerV3\n"
-                    "  config: {world_model_lr: 1e-3}\n")
+    path.write_text(
+        "exp:\n  env: CartPole-v1\n  run: DreamerV3\n  config: {world_model_lr: 1e-3}\n"
+    )
     err = _error(capsys, ["train", "file", str(path)])
     assert str(path) in err and "world_model_lr" in err and "1.0e-3" in err
     assert "_validate_config=False" not in err  # RLlib's "suppress all validation" hint
@@ -232,8 +290,11 @@ def test_directory_that_is_not_a_checkpoint_lists_the_ones_below_it(capsys, tmp_
 
 def test_video_without_moviepy(capsys, monkeypatch, tmp_path):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(cli.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "moviepy" else find_spec(name, *a))
+    monkeypatch.setattr(
+        cli.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "moviepy" else find_spec(name, *a),
+    )
     err = _error(capsys, ["evaluate", str(tmp_path), "--video-dir", str(tmp_path / "v")])
     assert "pip install moviepy" in err
 
@@ -245,8 +306,9 @@ def test_corrupt_checkpoint(capsys, tmp_path):
     assert str(tmp_path) in err and "corrupt" in err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "file", "--help"],
-                                  ["evaluate", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["train", "--help"], ["train", "file", "--help"], ["evaluate", "--help"]]
+)
 def test_help_at_every_level(capsys, argv):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -267,10 +329,12 @@ def test_console_scripts_resolve_to_this_package():
 
 
 def test_warns_when_another_package_declares_rllib(monkeypatch, capsys):
-    ours = SimpleNamespace(value="rllib_dreamerv3.cli:main",
-                           dist=SimpleNamespace(metadata={"Name": "rllib-dreamerv3"}))
-    theirs = SimpleNamespace(value="ray.rllib.scripts:cli",
-                             dist=SimpleNamespace(metadata={"Name": "ray"}))
+    ours = SimpleNamespace(
+        value="rllib_dreamerv3.cli:main", dist=SimpleNamespace(metadata={"Name": "rllib-dreamerv3"})
+    )
+    theirs = SimpleNamespace(
+        value="ray.rllib.scripts:cli", dist=SimpleNamespace(metadata={"Name": "ray"})
+    )
     monkeypatch.setattr(cli.importlib.metadata, "entry_points", lambda **kw: [ours, theirs])
     assert cli.other_rllib_commands() == ["ray (ray.rllib.scripts:cli)"]
     assert cli.main(["--help"], prog="rllib") == 0
@@ -282,11 +346,14 @@ def test_warns_when_another_package_declares_rllib(monkeypatch, capsys):
 
 
 def test_progress_line():
-    result = {"training_iteration": 3, "num_updates_lifetime": 40.0, "time_total_s": 12.3,
-              "env_runners": {"num_env_steps_sampled_lifetime": 1500.0,
-                              "episode_return_mean": 23.456},
-              "learners": {"default_policy": {"L_world_model": 1.5, "L_actor": -0.25,
-                                              "L_critic": 2.0}}}
+    result = {
+        "training_iteration": 3,
+        "num_updates_lifetime": 40.0,
+        "time_total_s": 12.3,
+        "env_runners": {"num_env_steps_sampled_lifetime": 1500.0, "episode_return_mean": 23.456},
+        "learners": {"default_policy": {"L_world_model": 1.5, "L_actor": -0.25, "L_critic": 2.0}},
+    }
     assert cli.progress_line("trial", result) == (
         "trial iter 3 | env steps 1500 | updates 40 | return 23.46 | "
-        "L_world_model 1.5 L_actor -0.25 L_critic 2 | 12 s")
+        "L_world_model 1.5 L_actor -0.25 L_critic 2 | 12 s"
+    )

@@ -14,7 +14,12 @@ from rllib_dreamerv3.config import HYPERPARAMETERS
 def test_paper_defaults():
     c = DreamerV3Config()
     assert (c.model_size, c.training_ratio, c.batch_size_B, c.batch_length_T, c.horizon_H) == (
-        "XS", 1024, 16, 64, 15)
+        "XS",
+        1024,
+        16,
+        64,
+        15,
+    )
     assert c.gamma == pytest.approx(1 - 1 / 333) and c.gae_lambda == 0.95
     assert c.entropy_scale == 3e-4 and c.return_normalization_decay == 0.99
     assert (c.world_model_lr, c.actor_lr, c.critic_lr) == (1e-4, 3e-5, 3e-5)
@@ -37,35 +42,41 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
         DreamerV3Config().training(not_a_hyperparameter=1)
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("model_size", "XXL", "Unknown model_size='XXL'"),
-    ("training_ratio", 0, "training_ratio=0 must be a positive integer"),
-    ("batch_size_B", -1, "batch_size_B=-1 must be a positive integer"),
-    ("batch_length_T", 1, "batch_length_T=1 must be an integer >= 2"),
-    ("horizon_H", 0, "horizon_H=0 must be a positive integer"),
-    ("gamma", 1.5, "gamma=1.5 must lie in (0.0, 1.0]"),
-    ("gae_lambda", -0.1, "gae_lambda=-0.1 must lie in [0.0, 1.0]"),
-    ("world_model_lr", 0.0, "world_model_lr=0.0 must be a positive number"),
-    ("actor_adam_eps", -1e-5, "actor_adam_eps=-1e-05 must be a positive number"),
-    ("critic_grad_clip", 0, "critic_grad_clip=0 must be a positive number"),
-    ("free_bits", -1.0, "free_bits=-1.0 must be a number >= 0"),
-    ("entropy_scale", -1.0, "entropy_scale=-1.0 must be a number >= 0"),
-    ("return_normalization_decay", 1.0, "return_normalization_decay=1.0 must lie in"),
-    ("critic_ema_rate", 0.0, "critic_ema_rate=0.0 must lie in (0.0, 1.0]"),
-    ("unimix", 1.0, "unimix=1.0 must lie in [0.0, 1.0)"),
-    ("replay_capacity", 10, "replay_capacity=10 must hold at least one sequence"),
-    ("actor_min_std", 2.0, "actor_min_std=2.0 must be smaller than actor_max_std"),
-    ("cnn_kernel", 0, "cnn_kernel=0 must be a positive integer"),
-    ("dream_every_n_updates", -1, "dream_every_n_updates=-1 must be an integer >= 0"),
-    ("dream_burn_in", 64, "dream_burn_in=64 must be an integer in [1, batch_length_T=64)"),
-    ("dream_num_sequences", 0, "dream_num_sequences=0 must be a positive integer"),
-    ("precision", "float16", "precision='float16' must be one of ('float32', 'bfloat16')"),
-    ("overlap_policy_and_envs", "yes", "overlap_policy_and_envs='yes' must be 'auto', True"),
-    ("overlap_policy_and_envs", True, "overlap_policy_and_envs=True needs "
-     "num_envs_per_env_runner >= 2 (got 1)"),
-    ("fast_kernels", "yes", "fast_kernels='yes' must be True or False"),
-    ("fast_kernels", 1, "fast_kernels=1 must be True or False"),
-])
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("model_size", "XXL", "Unknown model_size='XXL'"),
+        ("training_ratio", 0, "training_ratio=0 must be a positive integer"),
+        ("batch_size_B", -1, "batch_size_B=-1 must be a positive integer"),
+        ("batch_length_T", 1, "batch_length_T=1 must be an integer >= 2"),
+        ("horizon_H", 0, "horizon_H=0 must be a positive integer"),
+        ("gamma", 1.5, "gamma=1.5 must lie in (0.0, 1.0]"),
+        ("gae_lambda", -0.1, "gae_lambda=-0.1 must lie in [0.0, 1.0]"),
+        ("world_model_lr", 0.0, "world_model_lr=0.0 must be a positive number"),
+        ("actor_adam_eps", -1e-5, "actor_adam_eps=-1e-05 must be a positive number"),
+        ("critic_grad_clip", 0, "critic_grad_clip=0 must be a positive number"),
+        ("free_bits", -1.0, "free_bits=-1.0 must be a number >= 0"),
+        ("entropy_scale", -1.0, "entropy_scale=-1.0 must be a number >= 0"),
+        ("return_normalization_decay", 1.0, "return_normalization_decay=1.0 must lie in"),
+        ("critic_ema_rate", 0.0, "critic_ema_rate=0.0 must lie in (0.0, 1.0]"),
+        ("unimix", 1.0, "unimix=1.0 must lie in [0.0, 1.0)"),
+        ("replay_capacity", 10, "replay_capacity=10 must hold at least one sequence"),
+        ("actor_min_std", 2.0, "actor_min_std=2.0 must be smaller than actor_max_std"),
+        ("cnn_kernel", 0, "cnn_kernel=0 must be a positive integer"),
+        ("dream_every_n_updates", -1, "dream_every_n_updates=-1 must be an integer >= 0"),
+        ("dream_burn_in", 64, "dream_burn_in=64 must be an integer in [1, batch_length_T=64)"),
+        ("dream_num_sequences", 0, "dream_num_sequences=0 must be a positive integer"),
+        ("precision", "float16", "precision='float16' must be one of ('float32', 'bfloat16')"),
+        ("overlap_policy_and_envs", "yes", "overlap_policy_and_envs='yes' must be 'auto', True"),
+        (
+            "overlap_policy_and_envs",
+            True,
+            "overlap_policy_and_envs=True needs num_envs_per_env_runner >= 2 (got 1)",
+        ),
+        ("fast_kernels", "yes", "fast_kernels='yes' must be True or False"),
+        ("fast_kernels", 1, "fast_kernels=1 must be True or False"),
+    ],
+)
 def test_bad_values_are_named(key, value, message):
     config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -108,30 +119,64 @@ def _env_with(obs_space, act_space):
     return Env
 
 
-@pytest.mark.parametrize("obs_space,act_space,message", [
-    (gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}), gym.spaces.Discrete(2),
-     "Unsupported observation space Dict"),
-    (gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,))]), gym.spaces.Discrete(2),
-     "Unsupported observation space Tuple"),
-    (gym.spaces.MultiBinary(3), gym.spaces.Discrete(2), "Unsupported observation space Multi"),
-    (gym.spaces.Box(0, 1, (3, 4)), gym.spaces.Discrete(2),
-     r"Unsupported observation shape \(3, 4\)"),
-    (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiDiscrete([2, 2]),
-     "Unsupported action space MultiDiscrete"),
-    (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2), "Unsupported action space Multi"),
-    (gym.spaces.Box(0, 1, (3,)), gym.spaces.Box(-np.inf, np.inf, (2,)), "infinite bounds"),
-    (gym.spaces.Box(0, 255, (84, 84, 3), np.uint8), gym.spaces.Discrete(2),
-     r"Unsupported image shape \(84, 84, 3\).*ResizeObservation\(env, \(64, 64\)\)"),
-    (gym.spaces.Box(0, 255, (64, 64, 4), np.uint8), gym.spaces.Discrete(2),
-     r"Unsupported image shape \(64, 64, 4\)"),
-    (gym.spaces.Box(0, 255, (3, 64, 64), np.uint8), gym.spaces.Discrete(2),
-     r"channels-first \(3, 64, 64\)"),
-    (gym.spaces.Box(0, 1, (64, 64, 3), np.float32), gym.spaces.Discrete(2),
-     "dtype float32; DreamerV3 needs uint8"),
-    (gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
-                      "vector": gym.spaces.Box(0, 1, (3,))}), gym.spaces.Discrete(2),
-     "Dict observations .* are not supported"),
-])
+@pytest.mark.parametrize(
+    "obs_space,act_space,message",
+    [
+        (
+            gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}),
+            gym.spaces.Discrete(2),
+            "Unsupported observation space Dict",
+        ),
+        (
+            gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,))]),
+            gym.spaces.Discrete(2),
+            "Unsupported observation space Tuple",
+        ),
+        (gym.spaces.MultiBinary(3), gym.spaces.Discrete(2), "Unsupported observation space Multi"),
+        (
+            gym.spaces.Box(0, 1, (3, 4)),
+            gym.spaces.Discrete(2),
+            r"Unsupported observation shape \(3, 4\)",
+        ),
+        (
+            gym.spaces.Box(0, 1, (3,)),
+            gym.spaces.MultiDiscrete([2, 2]),
+            "Unsupported action space MultiDiscrete",
+        ),
+        (gym.spaces.Box(0, 1, (3,)), gym.spaces.MultiBinary(2), "Unsupported action space Multi"),
+        (gym.spaces.Box(0, 1, (3,)), gym.spaces.Box(-np.inf, np.inf, (2,)), "infinite bounds"),
+        (
+            gym.spaces.Box(0, 255, (84, 84, 3), np.uint8),
+            gym.spaces.Discrete(2),
+            r"Unsupported image shape \(84, 84, 3\).*ResizeObservation\(env, \(64, 64\)\)",
+        ),
+        (
+            gym.spaces.Box(0, 255, (64, 64, 4), np.uint8),
+            gym.spaces.Discrete(2),
+            r"Unsupported image shape \(64, 64, 4\)",
+        ),
+        (
+            gym.spaces.Box(0, 255, (3, 64, 64), np.uint8),
+            gym.spaces.Discrete(2),
+            r"channels-first \(3, 64, 64\)",
+        ),
+        (
+            gym.spaces.Box(0, 1, (64, 64, 3), np.float32),
+            gym.spaces.Discrete(2),
+            "dtype float32; DreamerV3 needs uint8",
+        ),
+        (
+            gym.spaces.Dict(
+                {
+                    "image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
+                    "vector": gym.spaces.Box(0, 1, (3,)),
+                }
+            ),
+            gym.spaces.Discrete(2),
+            "Dict observations .* are not supported",
+        ),
+    ],
+)
 def test_unsupported_spaces_list_what_is_supported(obs_space, act_space, message):
     config = DreamerV3Config().environment(_env_with(obs_space, act_space))
     with pytest.raises(ValueError, match=message) as info:
@@ -147,10 +192,16 @@ def test_64x64_uint8_images_are_supported(channels):
 
 def test_replay_capacity_beyond_memory_is_rejected():
     obs_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-    config = (DreamerV3Config().environment(_env_with(obs_space, gym.spaces.Discrete(3)))
-              .training(replay_capacity=10**9))  # 64*64*3 + 3 actions*4 + 4 + 2 + 24 bytes a step
-    with pytest.raises(ValueError, match=r"replay_capacity=1000000000 steps of 12330 bytes "
-                                         r"need .* GiB, more than this machine's"):
+    config = (
+        DreamerV3Config()
+        .environment(_env_with(obs_space, gym.spaces.Discrete(3)))
+        .training(replay_capacity=10**9)
+    )  # 64*64*3 + 3 actions*4 + 4 + 2 + 24 bytes a step
+    with pytest.raises(
+        ValueError,
+        match=r"replay_capacity=1000000000 steps of 12330 bytes "
+        r"need .* GiB, more than this machine's",
+    ):
         config.validate()
 
 
@@ -179,16 +230,22 @@ def counting_env():
 
 def test_validate_builds_no_env_when_the_spaces_are_given(counting_env):
     config = DreamerV3Config().environment(
-        "counting_env", env_config={"fail": True},
-        observation_space=counting_env.observation_space, action_space=counting_env.action_space)
+        "counting_env",
+        env_config={"fail": True},
+        observation_space=counting_env.observation_space,
+        action_space=counting_env.action_space,
+    )
     config.validate()
     assert counting_env.built == 0
 
 
 def test_validate_checks_the_given_spaces(counting_env):
     config = DreamerV3Config().environment(
-        "counting_env", env_config={"fail": True},
-        observation_space=gym.spaces.MultiBinary(3), action_space=gym.spaces.Discrete(2))
+        "counting_env",
+        env_config={"fail": True},
+        observation_space=gym.spaces.MultiBinary(3),
+        action_space=gym.spaces.Discrete(2),
+    )
     with pytest.raises(ValueError, match="Unsupported observation space Multi"):
         config.validate()
 
@@ -197,8 +254,9 @@ def test_validate_builds_and_closes_one_env_when_the_spaces_are_unknown(counting
     DreamerV3Config().environment("counting_env").validate()
     assert (counting_env.built, counting_env.closed) == (1, 1)
     # Closed also when the check of its spaces fails.
-    config = (DreamerV3Config().environment("counting_env")
-              .training(replay_capacity=10**15))  # more memory than any machine has
+    config = (
+        DreamerV3Config().environment("counting_env").training(replay_capacity=10**15)
+    )  # more memory than any machine has
     with pytest.raises(ValueError, match="replay_capacity=1000000000000000 steps"):
         config.validate()
     assert (counting_env.built, counting_env.closed) == (2, 2)

@@ -15,7 +15,7 @@ from rllib_dreamerv3.config import HYPERPARAMETERS
 def _explicit_keywords(function):
     """The keyword-only parameters written in `function`'s `def` (not its `__signature__`)."""
     code = function.__code__
-    return list(code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount])
+    return list(code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount])
 
 
 def test_training_has_one_keyword_per_hyperparameter_in_table_order():
@@ -35,8 +35,11 @@ def test_signature_shows_the_table_defaults_and_types():
         assert param.kind is inspect.Parameter.KEYWORD_ONLY, name
         assert param.default == default, name
         assert param.annotation is not inspect.Parameter.empty, name
-        allowed = (typing.get_args(param.annotation)
-                   if isinstance(param.annotation, types.UnionType) else (param.annotation,))
+        allowed = (
+            typing.get_args(param.annotation)
+            if isinstance(param.annotation, types.UnionType)
+            else (param.annotation,)
+        )
         allowed = tuple(type(None) if t is None else t for t in allowed)
         assert isinstance(default, allowed), (name, default, param.annotation)
     assert params["model_size"].annotation is str and params["model_size"].default == "XS"
@@ -75,6 +78,7 @@ def test_fast_kernels_selects_the_update_implementation(fast, chosen, monkeypatc
     from rllib_dreamerv3.model_sizes import MODEL_SIZES
 
     for name in ("kernels", "losses"):
+
         def world_model_loss(*args, name=name):
             raise _Chosen(name)
 

@@ -22,10 +22,13 @@ def image_batch(seed=0):
     rng = np.random.default_rng(seed)
     is_first = np.zeros((B, T), bool)
     is_first[:, 0] = True
-    return {"obs": rng.integers(0, 256, (B, T, 64, 64, 3), dtype=np.uint8),
-            "actions": np.eye(4, dtype=np.float32)[rng.integers(0, 4, (B, T))],
-            "rewards": rng.normal(size=(B, T)).astype(np.float32),
-            "is_first": is_first, "is_terminal": np.zeros((B, T), bool)}
+    return {
+        "obs": rng.integers(0, 256, (B, T, 64, 64, 3), dtype=np.uint8),
+        "actions": np.eye(4, dtype=np.float32)[rng.integers(0, 4, (B, T))],
+        "rewards": rng.normal(size=(B, T)).astype(np.float32),
+        "is_first": is_first,
+        "is_terminal": np.zeros((B, T), bool),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +69,12 @@ def test_image_summaries_have_tensorboard_shapes_and_dtypes(image_dream, tmp_pat
     assert video.shape == (1, T, 3, N * 64, 3 * 64) and video.dtype == np.uint8
     plot = summaries["rewards_and_continues"]
     assert plot.ndim == 3 and plot.shape[0] == 3 and plot.dtype == np.uint8
-    for key in ("obs_mse_posterior", "obs_mse_open_loop", "reward_mae_open_loop",
-                "continue_mae_open_loop"):
+    for key in (
+        "obs_mse_posterior",
+        "obs_mse_open_loop",
+        "reward_mae_open_loop",
+        "continue_mae_open_loop",
+    ):
         assert isinstance(summaries[key], float) and np.isfinite(summaries[key])
     writer = SummaryWriter(str(tmp_path / "tb"))
     writer.add_image("reconstruction", recon, 0)
@@ -83,10 +90,13 @@ def test_vector_summaries_plot_observations():
     model = DreamerV3Model((3,), 2, True, get_model_size("nano"))
     dream = make_dream_fn(model, batch_signature((3,), tf.float32, 2, B, T), BURN_IN, N)
     rng = np.random.default_rng(0)
-    batch = {"obs": rng.normal(size=(B, T, 3)).astype(np.float32),
-             "actions": np.eye(2, dtype=np.float32)[rng.integers(0, 2, (B, T))],
-             "rewards": np.zeros((B, T), np.float32), "is_first": np.zeros((B, T), bool),
-             "is_terminal": np.zeros((B, T), bool)}
+    batch = {
+        "obs": rng.normal(size=(B, T, 3)).astype(np.float32),
+        "actions": np.eye(2, dtype=np.float32)[rng.integers(0, 2, (B, T))],
+        "rewards": np.zeros((B, T), np.float32),
+        "is_first": np.zeros((B, T), bool),
+        "is_terminal": np.zeros((B, T), bool),
+    }
     summaries = dream_summaries(run(dream, batch), BURN_IN)
     assert "video" not in summaries
     image = summaries["observations"]

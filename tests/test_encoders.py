@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rllib_dreamerv3.encoders import (ImageDecoder, ImageEncoder, VectorDecoder, VectorEncoder,
-                                      make_encoder_decoder)
+from rllib_dreamerv3.encoders import (
+    ImageDecoder,
+    ImageEncoder,
+    VectorDecoder,
+    VectorEncoder,
+    make_encoder_decoder,
+)
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
 
 KERNEL = 4
@@ -39,12 +44,17 @@ def test_cnn_shapes_and_parameter_counts(size, channels):
     assert encoder(tf.zeros([3, 5, 64, 64, channels], tf.uint8)).shape == (3, 5, 4 * 4 * 8 * d)
     assert decoder(tf.zeros([3, 5, feat_dim])).shape == (3, 5, 64, 64, channels)
 
-    expected_encoder = sum(conv_block_params(a, b) for a, b in
-                           [(channels, d), (d, 2 * d), (2 * d, 4 * d), (4 * d, 8 * d)])
-    expected_decoder = (feat_dim * 16 * 8 * d + 16 * 8 * d  # dense with bias to 4x4x8d
-                        + sum(conv_block_params(a, b) for a, b in
-                              [(8 * d, 4 * d), (4 * d, 2 * d), (2 * d, d)])
-                        + KERNEL * KERNEL * d * channels + channels)  # output conv with bias
+    expected_encoder = sum(
+        conv_block_params(a, b)
+        for a, b in [(channels, d), (d, 2 * d), (2 * d, 4 * d), (4 * d, 8 * d)]
+    )
+    expected_decoder = (
+        feat_dim * 16 * 8 * d
+        + 16 * 8 * d  # dense with bias to 4x4x8d
+        + sum(conv_block_params(a, b) for a, b in [(8 * d, 4 * d), (4 * d, 2 * d), (2 * d, d)])
+        + KERNEL * KERNEL * d * channels
+        + channels
+    )  # output conv with bias
     assert num_params(encoder) == expected_encoder
     assert num_params(decoder) == expected_decoder
 

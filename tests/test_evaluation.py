@@ -6,22 +6,34 @@ import pickle
 import gymnasium as gym
 import numpy as np
 import pytest
-from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME)
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    EVALUATION_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, ReplayChunk
-
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def tiny_config(env="CartPole-v1"):
-    return (DreamerV3Config().environment(env)
-            .training(model_size="nano", batch_size_B=4, batch_length_T=8, horizon_H=3,
-                      training_ratio=32, num_steps_sampled_before_learning_starts=16,
-                      jit_compile=False)
-            .reporting(min_sample_timesteps_per_iteration=16).debugging(seed=0))
+    return (
+        DreamerV3Config()
+        .environment(env)
+        .training(
+            model_size="nano",
+            batch_size_B=4,
+            batch_length_T=8,
+            horizon_H=3,
+            training_ratio=32,
+            num_steps_sampled_before_learning_starts=16,
+            jit_compile=False,
+        )
+        .reporting(min_sample_timesteps_per_iteration=16)
+        .debugging(seed=0)
+    )
 
 
 class _FixedLengthEnv(gym.Env):
@@ -110,8 +122,11 @@ def test_evaluate_without_evaluation_settings_leaves_training_untouched():
 
 def test_evaluation_interval_on_a_remote_evaluation_env_runner():
     config = tiny_config().evaluation(
-        evaluation_interval=1, evaluation_num_env_runners=1, evaluation_duration=40,
-        evaluation_duration_unit="timesteps")
+        evaluation_interval=1,
+        evaluation_num_env_runners=1,
+        evaluation_duration=40,
+        evaluation_duration_unit="timesteps",
+    )
     algo = config.build_algo()
     try:
         result = algo.train()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import float64_softmax, normal, reference_critic_loss
 
 from rllib_dreamerv3 import kernels, losses, math_ops, networks, random_ops, world_model
 from rllib_dreamerv3.config import HYPERPARAMETERS
@@ -28,7 +29,7 @@ from rllib_dreamerv3.update import batch_signature, make_update_fn
 # XLA's kernels). A float32 sum of n terms of magnitude m is within ~n·eps·m whatever the order
 # (eps = 2**-24): atol covers that for sums that cancel to near 0, rtol (≥ n·eps plus the chain's
 # roundings) the rest.
-EPS32 = 2.0 ** -24
+EPS32 = 2.0**-24
 NUM_BINS, MAX_BIN = 255, 20.0
 # log(sum(exp)) over the bins: the sum's relative error n·eps is the log's absolute error.
 LSE_ATOL = NUM_BINS * EPS32
@@ -54,19 +55,6 @@ def _global_seed():
     tf.random.set_seed(0)
 
 
-def _normal(shape, seed, scale=1.0):
-    """Float32 N(0, scale²) inputs from numpy: the same numbers in any test order (TF's op-seeded
-    ops depend on the global seed and on earlier calls with the same op seed)."""
-    return tf.constant((np.random.default_rng(seed).normal(size=shape) * scale)
-                       .astype(np.float32))
-
-
-def _float64_softmax(logits):
-    x = np.asarray(logits, np.float64)
-    p = np.exp(x - x.max(-1, keepdims=True))
-    return p / p.sum(-1, keepdims=True)
-
-
 def _assert_close_in_scale(actual, desired, rtol, scale_rtol=None, scale=None, err_msg=""):
     """`actual` within `rtol` of each entry of `desired`, and within `scale_rtol` (default
     `rtol`) of `scale` (default: its largest entry): an entry that is a sum cancelling to near 0
@@ -75,8 +63,7 @@ def _assert_close_in_scale(actual, desired, rtol, scale_rtol=None, scale=None, e
     desired = np.asarray(desired)
     scale = np.abs(desired).max() if scale is None else scale
     scale_rtol = rtol if scale_rtol is None else scale_rtol
-    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=scale_rtol * scale,
-                               err_msg=err_msg)
+    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=scale_rtol * scale, err_msg=err_msg)
 
 
 def _assert_same_gradients(ours, reference, variables, rtol, scale_rtol):
@@ -129,8 +116,7 @@ def make_batch(obs_shape=(3,), action_dim=2, discrete=True, batch=4, length=8, s
     else:
         obs = rng.normal(size=(batch, length, *obs_shape)).astype(np.float32)
     if discrete:
-        actions = np.eye(action_dim, dtype=np.float32)[rng.integers(0, action_dim,
-                                                                    (batch, length))]
+        actions = np.eye(action_dim, dtype=np.float32)[rng.integers(0, action_dim, (batch, length))]
     else:
         actions = rng.uniform(-1, 1, (batch, length, action_dim)).astype(np.float32)
     is_first = np.zeros((batch, length), bool)
@@ -138,15 +124,19 @@ def make_batch(obs_shape=(3,), action_dim=2, discrete=True, batch=4, length=8, s
     is_first[-1, length // 2 + 1] = True
     is_terminal = np.zeros((batch, length), bool)
     is_terminal[-1, length // 2] = True
-    return {"obs": tf.constant(obs), "actions": tf.constant(actions),
-            "rewards": tf.constant(rng.normal(size=(batch, length)).astype(np.float32) * 3.0),
-            "is_first": tf.constant(is_first), "is_terminal": tf.constant(is_terminal)}
+    return {
+        "obs": tf.constant(obs),
+        "actions": tf.constant(actions),
+        "rewards": tf.constant(rng.normal(size=(batch, length)).astype(np.float32) * 3.0),
+        "is_first": tf.constant(is_first),
+        "is_terminal": tf.constant(is_terminal),
+    }
 
 
 def start_states(wm, n, seed=8):
     """`(h, z)` imagination start states `[n, ...]`: a normal `h`, a sampled one-hot `z`."""
-    h = _normal([n, wm.size.gru_units], seed=seed)
-    z = wm.sample_z(_normal([n, *wm.stoch_shape], seed=seed + 1), tf.constant([1, 2]))
+    h = normal([n, wm.size.gru_units], seed=seed)
+    z = wm.sample_z(normal([n, *wm.stoch_shape], seed=seed + 1), tf.constant([1, 2]))
     return h, z
 
 
@@ -169,8 +159,9 @@ def _matmul_conv(conv, x):
 def _reference_conv(conv, x):
     if conv.transpose:
         n, h, w = x.shape[:3]
-        return tf.nn.conv2d_transpose(x, conv.w, [n, h * conv.stride, w * conv.stride,
-                                                  conv.out_channels], conv.stride, "SAME")
+        return tf.nn.conv2d_transpose(
+            x, conv.w, [n, h * conv.stride, w * conv.stride, conv.out_channels], conv.stride, "SAME"
+        )
     return tf.nn.conv2d(x, conv.w, conv.stride, "SAME")
 
 
@@ -181,7 +172,7 @@ def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size
     conv = Conv(channels, channels + 2, kernel, 2, transpose=transpose, bias=False)
     thin = 4 * (channels + 2 if transpose else channels)
     assert (thin >= layers.WINDOW_MATMULS_MIN_WIDTH) == (channels == 8)
-    x = _normal([2, size, size + 2, channels], seed=0)
+    x = normal([2, size, size + 2, channels], seed=0)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
         ours, ref = _matmul_conv(conv, x), _reference_conv(conv, x)
@@ -200,27 +191,34 @@ def test_stride_two_conv_matches_tf_values_and_gradients(transpose, kernel, size
 def test_large_batches_take_the_matmul_path_under_xla(transpose):
     conv = Conv(4, 6, 4, 2, transpose=transpose, bias=True)
     conv.b.assign(tf.range(6, dtype=tf.float32) / 4.0)
-    x = _normal([layers.MATMUL_CONV_MIN_BATCH, 8, 8, 4], seed=1)
+    x = normal([layers.MATMUL_CONV_MIN_BATCH, 8, 8, 4], seed=1)
     assert layers._matmul_conv_applies(x, conv.w, 2)
     ours = tf.function(lambda x: layers.conv(conv, x), jit_compile=True)(x)
     # Sums of ≤ 4·4·6 = 96 products |x·w| ≲ 0.5: 96·eps·0.5 ≈ 3e-6 (the bias adds exactly).
-    np.testing.assert_allclose(ours.numpy(), (_reference_conv(conv, x) + conv.b).numpy(),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        ours.numpy(), (_reference_conv(conv, x) + conv.b).numpy(), rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_allclose(ours.numpy(), conv(x).numpy(), rtol=1e-4, atol=1e-5)  # the plain
 
 
-@pytest.mark.parametrize("kernel, stride, shape", [
-    (3, 2, [64, 8, 8, 2]), (4, 1, [64, 8, 8, 2]), (4, 2, [64, 7, 8, 2]),
-    (4, 2, [8, 8, 8, 2]),  # a small batch (the policy's): TF's convolution is faster
-])
+@pytest.mark.parametrize(
+    "kernel, stride, shape",
+    [
+        (3, 2, [64, 8, 8, 2]),
+        (4, 1, [64, 8, 8, 2]),
+        (4, 2, [64, 7, 8, 2]),
+        (4, 2, [8, 8, 8, 2]),  # a small batch (the policy's): TF's convolution is faster
+    ],
+)
 def test_other_convolutions_use_tf_and_stay_correct(kernel, stride, shape):
     conv = Conv(2, 3, kernel, stride, bias=False)
-    x = _normal(shape, seed=2)
+    x = normal(shape, seed=2)
     assert not layers._matmul_conv_applies(x, conv.w, stride)
     # TF's convolution on both sides; sums of ≤ 4·4·2 = 32 products |x·w| ≲ 1 if they were not
     # the same: 32·eps ≈ 2e-6.
-    np.testing.assert_allclose(layers.conv(conv, x).numpy(), _reference_conv(conv, x).numpy(),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        layers.conv(conv, x).numpy(), _reference_conv(conv, x).numpy(), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -228,7 +226,7 @@ def test_matmul_conv_output_is_computed_once_under_xla(transpose):
     """The matmul path's output passes `materialized` (one conditional per conv survives XLA;
     if XLA learns to drop it, the norm after the conv re-reads every window's product again)."""
     conv = Conv(8, 6, 4, 2, transpose=transpose, bias=False)
-    x = _normal([layers.MATMUL_CONV_MIN_BATCH, 8, 8, 8], seed=1)
+    x = normal([layers.MATMUL_CONV_MIN_BATCH, 8, 8, 8], seed=1)
 
     def fn(x, fast):
         with tf.GradientTape() as tape:
@@ -241,8 +239,9 @@ def test_matmul_conv_output_is_computed_once_under_xla(transpose):
     # y: sums of 4·4·8 = 128 products |x·w| ≲ 0.5 (128·eps·0.5 ≈ 4e-6); the input's gradient:
     # ≤ 96 products |w·cos(y)| ≲ 0.2; the kernel's: one product |x·cos(y)| ~ 1 per input
     # position and tap, 64·8·8 = 4096 of them (transposed; 64·4·4 = 1024 else): 4096·eps ≈ 2.4e-4.
-    for a, b, atol in zip(tf.nest.flatten(compiled(x)), tf.nest.flatten(fn(x, False)),
-                          [1e-5, 1e-5, 2.5e-4]):
+    for a, b, atol in zip(
+        tf.nest.flatten(compiled(x)), tf.nest.flatten(fn(x, False)), [1e-5, 1e-5, 2.5e-4]
+    ):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=atol)
     hlo = compiled.experimental_get_compiler_ir(x)(stage="optimized_hlo")
     assert hlo.count(" conditional(") == 1
@@ -257,10 +256,9 @@ def test_encoder_and_decoder_equal_the_plain_modules(image, monkeypatch):
     model = build(obs_shape, size="nano")
     wm = model.world_model
     obs = make_batch(obs_shape, batch=2, length=3)["obs"]
-    feat = _normal([2, 3, wm.feat_dim], seed=3)
+    feat = normal([2, 3, wm.feat_dim], seed=3)
     if image:
-        assert layers._matmul_conv_applies(tf.zeros([6, 64, 64, 3]), wm.encoder.blocks[0].conv.w,
-                                           2)
+        assert layers._matmul_conv_applies(tf.zeros([6, 64, 64, 3]), wm.encoder.blocks[0].conv.w, 2)
     variables = wm.encoder.trainable_variables + wm.decoder.trainable_variables
 
     def run(encode, decode, loss_of):
@@ -270,8 +268,11 @@ def test_encoder_and_decoder_equal_the_plain_modules(image, monkeypatch):
             total = tf.reduce_sum(tf.sin(embed)) + tf.reduce_sum(loss)
         return embed, prediction, loss, tape.gradient(total, [feat, *variables])
 
-    ours = run(lambda o: layers.encoder(wm.encoder, o), lambda f: layers.decoder(wm.decoder, f),
-               lambda f: layers.decoder_loss(wm.decoder, f, obs))
+    ours = run(
+        lambda o: layers.encoder(wm.encoder, o),
+        lambda f: layers.decoder(wm.decoder, f),
+        lambda f: layers.decoder_loss(wm.decoder, f, obs),
+    )
     ref = run(wm.encoder, wm.decoder, lambda f: wm.decoder.loss(f, obs))
     assert ours[0].shape == (2, 3, wm.encoder.out_units)
     assert ours[1].shape == (2, 3, *obs_shape)
@@ -325,8 +326,10 @@ def test_layer_norm_has_the_plain_layers_gradients(shape, compiled):
         return tape.gradient(loss, [x, norm.scale, norm.offset])
 
     fast = lambda x: layers.layer_norm(norm, x)  # noqa: E731
-    grads = [(tf.function(gradients, jit_compile=True) if compiled else gradients)(fast),
-             gradients(norm)]
+    grads = [
+        (tf.function(gradients, jit_compile=True) if compiled else gradients)(fast),
+        gradients(norm),
+    ]
     # Row means of 24 terms (and the scale's and offset's column sums of ≤ 24 rows) of
     # magnitude ≲ 3: 24·eps·3 ≈ 4e-6.
     for ours, reference in zip(*grads):
@@ -341,7 +344,7 @@ def test_dense_with_bias_equals_the_plain_layer(shape, dtype):
     dense = networks.Dense(7, 4)
     dense.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25]))
     dense.matmul_dtype = dtype
-    x = _normal(shape, seed=3)
+    x = normal(shape, seed=3)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
         ours = layers.dense(dense, x)
@@ -351,8 +354,9 @@ def test_dense_with_bias_equals_the_plain_layer(shape, dtype):
     # (x and w rounded, the matmul, the bias added in float32).
     assert ours.shape == (*shape[:-1], 4) and ours.dtype == tf.float32
     np.testing.assert_allclose(ours, reference, rtol=2e-6, atol=2e-6)
-    for a, b in zip(tape.gradient(ours, [x, dense.w, dense.b]),
-                    tape.gradient(reference, [x, dense.w, dense.b])):
+    for a, b in zip(
+        tape.gradient(ours, [x, dense.w, dense.b]), tape.gradient(reference, [x, dense.w, dense.b])
+    ):
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
 
 
@@ -364,7 +368,7 @@ def test_dense_masked_columns_are_constant_and_leave_values_and_gradients_alone(
     plain = networks.Dense(7, 5)
     plain.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25, 3.0]))
     plain.matmul_dtype = dtype
-    x = _normal([2, 4, 7], seed=3)
+    x = normal([2, 4, 7], seed=3)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
         ours, reference = layers.dense(plain, x, masked_out=3), plain(x)
@@ -376,8 +380,10 @@ def test_dense_masked_columns_are_constant_and_leave_values_and_gradients_alone(
     # Kernels 5 and 8 wide: the same 8-term sums (|x·w| ≲ 3) maybe blocked differently,
     # 8·eps·3 ≈ 1.4e-6; the gradients add 5-term softmax sums and 8 rows: well inside 1e-5.
     np.testing.assert_allclose(ours[..., :5], reference, rtol=1e-6, atol=2e-6)
-    for a, b in zip(tape.gradient(loss_ours, [x, plain.w, plain.b]),
-                    tape.gradient(loss_ref, [x, plain.w, plain.b])):
+    for a, b in zip(
+        tape.gradient(loss_ours, [x, plain.w, plain.b]),
+        tape.gradient(loss_ref, [x, plain.w, plain.b]),
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="masked_out=2 needs a layer with a bias"):
         layers.dense(networks.Dense(7, 5, bias=False), x, masked_out=2)
@@ -389,7 +395,7 @@ def test_a_dense_layer_read_once_for_a_loop_keeps_its_bias_apart():
     those of the plain layer either way."""
     dense = networks.Dense(7, 4)
     dense.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25]))
-    xs = _normal([6, 5, 7], seed=3)
+    xs = normal([6, 5, 7], seed=3)
 
     def fn(xs, read_once):
         with tf.GradientTape() as tape:
@@ -415,7 +421,7 @@ def test_a_dense_layer_read_once_for_a_loop_keeps_its_bias_apart():
 
 def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatenation():
     mlp = MLP(5 + 7, 16, 2, out_units=3)
-    a, b = _normal([4, 5], seed=3), _normal([4, 7], seed=4)
+    a, b = normal([4, 5], seed=3), normal([4, 7], seed=4)
     with tf.GradientTape(persistent=True) as tape:
         whole = mlp(tf.concat([a, b], -1))  # the plain MLP
         split = layers.mlp(mlp, a, rest=layers.first_layer_part(mlp, b, 5))
@@ -423,8 +429,10 @@ def test_mlp_with_a_precomputed_first_layer_part_equals_the_mlp_on_the_concatena
     # Only the first layer's 12-term sums (|x·w| ≲ 1) differ in order: 12·eps ≈ 7e-7, carried
     # through LayerNorms (gain ≲ 2) and layers with gains ~1. The gradients sum 4 rows on top.
     np.testing.assert_allclose(split.numpy(), whole.numpy(), rtol=1e-5, atol=2e-6)
-    for g_split, g_whole in zip(tape.gradient(loss_split, mlp.trainable_variables),
-                                tape.gradient(loss_whole, mlp.trainable_variables)):
+    for g_split, g_whole in zip(
+        tape.gradient(loss_split, mlp.trainable_variables),
+        tape.gradient(loss_whole, mlp.trainable_variables),
+    ):
         np.testing.assert_allclose(g_split.numpy(), g_whole.numpy(), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="rows 5:12"):
         layers.first_layer_part(mlp, a, 5)  # 5 features where the kernel's rows 5:12 need 7
@@ -435,7 +443,7 @@ def test_mlp_with_mean_gives_the_output_and_its_mean_without_gradient():
     input and the kernel's row means); gradients flow through the output only."""
     mlp = MLP(6, 8, 1, out_units=5)
     mlp.out.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25, 3.0]))
-    x = _normal([2, 3, 6], seed=3)
+    x = normal([2, 3, 6], seed=3)
     with tf.GradientTape(persistent=True) as tape:
         out, mean = layers.mlp_with_mean(mlp, x)
         loss = tf.reduce_sum(tf.sin(out))
@@ -444,8 +452,7 @@ def test_mlp_with_mean_gives_the_output_and_its_mean_without_gradient():
     np.testing.assert_allclose(out.numpy(), mlp(x).numpy(), rtol=1e-5, atol=2e-6)
     assert mean.shape == (2, 3)
     # h @ mean(w) vs mean(h @ w): 8-term sums of |h·w| ≲ 2 in another order, ≈ 8·eps·2 = 1e-6.
-    np.testing.assert_allclose(mean.numpy(), tf.reduce_mean(out, -1).numpy(), rtol=1e-5,
-                               atol=2e-6)
+    np.testing.assert_allclose(mean.numpy(), tf.reduce_mean(out, -1).numpy(), rtol=1e-5, atol=2e-6)
     assert all(g is None for g in tape.gradient(mean, mlp.trainable_variables))
     assert all(g is not None for g in tape.gradient(loss, mlp.trainable_variables))
     padded, padded_mean = layers.mlp_with_mean(mlp, x, masked_out=3)
@@ -457,7 +464,7 @@ def test_mlp_with_mean_gives_the_output_and_its_mean_without_gradient():
 def test_gru_equals_the_plain_cell():
     cell = networks.GRUCell(3, 8)
     cell.norm.scale.assign(tf.linspace(0.5, 1.5, 24))
-    x, h = _normal([5, 3], seed=4), _normal([5, 8], seed=5)
+    x, h = normal([5, 3], seed=4), normal([5, 8], seed=5)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([x, h])
         ours, ref = layers.gru(cell, x, h), cell(x, h)
@@ -465,8 +472,9 @@ def test_gru_equals_the_plain_cell():
     # 11-term sums (|x·w| ≲ 1) through the norm (gain ≲ 3), sigmoid and tanh: ≲ 2e-6.
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-5, atol=2e-6)
     sources = [x, h, *cell.trainable_variables]
-    _assert_same_gradients(tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources),
-                           sources, 1e-4, 1e-5)
+    _assert_same_gradients(
+        tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources), sources, 1e-4, 1e-5
+    )
 
 
 def test_onehot_partial_equals_the_matmul_with_the_one_hot_features():
@@ -477,13 +485,19 @@ def test_onehot_partial_equals_the_matmul_with_the_one_hot_features():
     # Sums of the same 3 kernel entries (|w| < 0.5; the other products are exact zeros) in
     # another order: 2 roundings, ≲ 1e-7. The MLPs: first-layer sums of 8 non-zero products
     # |x·w| ≲ 1 in another order (8·eps ≈ 5e-7), through a LayerNorm (gain ≲ 2) and a layer.
-    np.testing.assert_allclose(layers.onehot_partial(first, index, 5, 4).numpy(),
-                               layers.dense_partial(first, onehot, 5, 17).numpy(), rtol=1e-6,
-                               atol=1e-6)
-    a = _normal([3, 5], seed=1)
+    np.testing.assert_allclose(
+        layers.onehot_partial(first, index, 5, 4).numpy(),
+        layers.dense_partial(first, onehot, 5, 17).numpy(),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    a = normal([3, 5], seed=1)
     np.testing.assert_allclose(
         layers.mlp(mlp, a, rest=layers.onehot_partial(first, index, 5, 4)).numpy(),
-        mlp(tf.concat([a, onehot], -1)).numpy(), rtol=1e-5, atol=2e-6)
+        mlp(tf.concat([a, onehot], -1)).numpy(),
+        rtol=1e-5,
+        atol=2e-6,
+    )
 
 
 @pytest.mark.parametrize("read_once", [False, True])
@@ -495,16 +509,14 @@ def test_onehot_partial_has_the_matmuls_gradients(with_onehot, read_once):
     mlp = MLP(5 + 3 * 4, 8, 1, out_units=2)
     first = mlp.blocks[0].dense
     index = tf.constant([[[0, 3, 1], [2, 2, 0]], [[3, 0, 3], [0, 1, 2]]])  # [2, 2, 3]
-    a = _normal([2, 2, 5], seed=1)
+    a = normal([2, 2, 5], seed=1)
     if read_once:  # a loop step's rank-2 inputs
         index, a = tf.reshape(index, [4, 3]), tf.reshape(a, [4, 5])
     onehot = tf.reshape(tf.one_hot(index, 4), [*index.shape[:-1], 12])
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([a, onehot])
-        weights = (layers.LoopWeights([mlp], row_blocks=[(first, 5, 17)]) if read_once
-                   else None)
-        rest = layers.onehot_partial(first, index, 5, 4, onehot if with_onehot else None,
-                                     weights)
+        weights = layers.LoopWeights([mlp], row_blocks=[(first, 5, 17)]) if read_once else None
+        rest = layers.onehot_partial(first, index, 5, 4, onehot if with_onehot else None, weights)
         ours = layers.mlp(mlp, a, rest=rest)
         ref = mlp(tf.concat([a, onehot if with_onehot else tf.stop_gradient(onehot)], -1))
         loss_ours, loss_ref = tf.reduce_sum(tf.sin(ours)), tf.reduce_sum(tf.sin(ref))
@@ -515,19 +527,22 @@ def test_onehot_partial_has_the_matmuls_gradients(with_onehot, read_once):
         np.testing.assert_allclose(g_ours.numpy(), g_ref.numpy(), rtol=1e-4, atol=1e-5)
     d_onehot = tape.gradient(loss_ours, onehot)
     if with_onehot:
-        np.testing.assert_allclose(d_onehot.numpy(), tape.gradient(loss_ref, onehot).numpy(),
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            d_onehot.numpy(), tape.gradient(loss_ref, onehot).numpy(), rtol=1e-4, atol=1e-5
+        )
     else:
         assert d_onehot is None
 
 
 # --- loops and read-once weights ----------------------------------------------------------------
-@pytest.mark.parametrize("identity", [loops.materialized_gradient, loops.materialized,
-                                      lambda x: loops.materialized(x, decider=-x)])
+@pytest.mark.parametrize(
+    "identity",
+    [loops.materialized_gradient, loops.materialized, lambda x: loops.materialized(x, decider=-x)],
+)
 @pytest.mark.parametrize("first_sign", [1.0, -1.0])  # the cond's predicate: the first entry
 def test_materialized_identities_are_exact_with_the_identitys_gradient(identity, first_sign):
-    x = tf.tensor_scatter_nd_update(_normal([3, 4], seed=2), [[0, 0]], [first_sign])
-    c = _normal([3, 4], seed=3)
+    x = tf.tensor_scatter_nd_update(normal([3, 4], seed=2), [[0, 0]], [first_sign])
+    c = normal([3, 4], seed=3)
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = identity(x)
@@ -538,8 +553,8 @@ def test_materialized_identities_are_exact_with_the_identitys_gradient(identity,
 
 def test_materialized_gradient_keeps_an_unrolled_recurrence_exact_and_unfused_under_xla():
     gru = networks.GRUCell(3, 8)
-    x = _normal([6, 5, 3], seed=4)
-    h0 = _normal([5, 8], seed=5)
+    x = normal([6, 5, 3], seed=4)
+    h0 = normal([5, 8], seed=5)
 
     def grads(materialize):
         def fn(x, h0):
@@ -552,6 +567,7 @@ def test_materialized_gradient_keeps_an_unrolled_recurrence_exact_and_unfused_un
                         h = loops.materialized_gradient(h)
                     total += tf.reduce_sum(tf.sin(h))
             return tape.gradient(total, [h0, *gru.trainable_variables])
+
         return fn
 
     plain = tf.function(grads(False), jit_compile=True)
@@ -567,7 +583,7 @@ def test_materialized_gradient_keeps_an_unrolled_recurrence_exact_and_unfused_un
 @pytest.mark.parametrize("compiled", [False, True])
 def test_scan_equals_tf_scan_in_values_and_gradients(compiled):
     gru = networks.GRUCell(3, 4)
-    xs = _normal([7, 2, 3], seed=7)
+    xs = normal([7, 2, 3], seed=7)
     masks = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
 
     def step(carry, inputs):
@@ -581,8 +597,9 @@ def test_scan_equals_tf_scan_in_values_and_gradients(compiled):
             with tf.GradientTape() as tape:
                 tape.watch(xs)
                 hs, totals = scan(step, (xs, masks), (tf.zeros([2, 4]), tf.zeros([2])))
-                loss = tf.reduce_sum(tf.sin(hs)) + tf.reduce_sum(totals ** 2)
+                loss = tf.reduce_sum(tf.sin(hs)) + tf.reduce_sum(totals**2)
             return hs, totals, tape.gradient(loss, [xs, *gru.trainable_variables])
+
         return tf.function(fn, jit_compile=True) if compiled else fn
 
     ours = run(loops.scan)(xs)
@@ -594,14 +611,17 @@ def test_scan_equals_tf_scan_in_values_and_gradients(compiled):
 
 def test_loop_weights_give_a_loops_exact_gradients_and_leave_the_modules_alone():
     mlp = MLP(3 + 4, 8, 1, out_units=4)
-    xs = _normal([5, 2, 3], seed=6)
+    xs = normal([5, 2, 3], seed=6)
 
     def loop(x, read_once):
         with tf.GradientTape() as tape:
             weights = layers.LoopWeights([mlp]) if read_once else None
             # The read weights are plain tensors; the module keeps its variables.
-            assert read_once == (weights is not None and mlp.out.w in weights
-                                 and not isinstance(weights.read(mlp.out.w), tf.Variable))
+            assert read_once == (
+                weights is not None
+                and mlp.out.w in weights
+                and not isinstance(weights.read(mlp.out.w), tf.Variable)
+            )
 
             def step(h, x_t):
                 return tf.tanh(layers.mlp(mlp, tf.concat([x_t, h], -1), weights=weights))
@@ -626,23 +646,27 @@ def test_loop_weights_slice_row_blocks_and_transpose_kernels_before_the_loop():
     and gradients equal those of the plain MLP on the concatenation."""
     mlp = MLP(4 + 3, 6, 1, out_units=4)
     first = mlp.blocks[0].dense
-    xs = _normal([5, 2, 3], seed=8)
+    xs = normal([5, 2, 3], seed=8)
 
     def fast(xs):
         with tf.GradientTape() as tape:
             tape.watch(xs)
             parts = layers.dense_partial(first, xs, 4, 7)  # the input's share, all steps at once
             weights = layers.LoopWeights([mlp], row_blocks=[(first, 0, 4)])
-            hs = loops.scan(lambda h, part: tf.tanh(layers.mlp(mlp, h, part, weights)), parts,
-                            tf.zeros([2, 4]))
+            hs = loops.scan(
+                lambda h, part: tf.tanh(layers.mlp(mlp, h, part, weights)), parts, tf.zeros([2, 4])
+            )
             loss = tf.reduce_sum(tf.sin(hs))
         return loss, tape.gradient(loss, [xs, *mlp.trainable_variables])
 
     def plain(xs):
         with tf.GradientTape() as tape:
             tape.watch(xs)
-            hs = tf.scan(lambda h, x_t: tf.tanh(mlp(tf.concat([h, x_t], -1))), xs,
-                         initializer=tf.zeros([2, 4]))
+            hs = tf.scan(
+                lambda h, x_t: tf.tanh(mlp(tf.concat([h, x_t], -1))),
+                xs,
+                initializer=tf.zeros([2, 4]),
+            )
             loss = tf.reduce_sum(tf.sin(hs))
         return loss, tape.gradient(loss, [xs, *mlp.trainable_variables])
 
@@ -653,8 +677,11 @@ def test_loop_weights_slice_row_blocks_and_transpose_kernels_before_the_loop():
         _assert_close_in_scale(a, b, RECURRENCE_RTOL)
     hlo = ours.experimental_get_compiler_ir(xs)(stage="hlo")
     assert "f32[5,4,6]" not in hlo  # the rows [4, 6], once per step
-    loop_dots = [line for line in hlo.splitlines() if " dot(" in line and "while/" in line
-                 and " = f32[2,1]" not in line]  # (the LayerNorm's row means are dots too)
+    loop_dots = [
+        line
+        for line in hlo.splitlines()
+        if " dot(" in line and "while/" in line and " = f32[2,1]" not in line
+    ]  # (the LayerNorm's row means are dots too)
     assert len(loop_dots) == 6  # forward: 2 products; backward: their inputs' and kernels'
     assert not [line for line in loop_dots if "rhs_contracting_dims={1}" in line]
     with pytest.raises(ValueError, match="row_blocks"):
@@ -664,10 +691,23 @@ def test_loop_weights_slice_row_blocks_and_transpose_kernels_before_the_loop():
 def _module_state():
     """Every global of the kernels' and the plain model's modules, by identity."""
     from rllib_dreamerv3.kernels import losses as kernel_losses
-    modules = [kernels, layers, loops, rssm, two_hot, kernel_losses, networks, world_model,
-               losses, math_ops]
-    return {module.__name__: {name: id(value) for name, value in vars(module).items()}
-            for module in modules}
+
+    modules = [
+        kernels,
+        layers,
+        loops,
+        rssm,
+        two_hot,
+        kernel_losses,
+        networks,
+        world_model,
+        losses,
+        math_ops,
+    ]
+    return {
+        module.__name__: {name: id(value) for name, value in vars(module).items()}
+        for module in modules
+    }
 
 
 def test_loop_weights_leave_no_module_level_state():
@@ -676,7 +716,7 @@ def test_loop_weights_leave_no_module_level_state():
     fast world-model loss) leaves every module global as it was."""
     mlp = MLP(4 + 3, 6, 1, out_units=4)
     first = mlp.blocks[0].dense
-    x = _normal([2, 7], seed=9)
+    x = normal([2, 7], seed=9)
     before = mlp(x).numpy()
     a = layers.LoopWeights([mlp])
     b = layers.LoopWeights([mlp], row_blocks=[(first, 0, 4)])
@@ -687,10 +727,14 @@ def test_loop_weights_leave_no_module_level_state():
     # A read is a snapshot: a later assignment reaches the variable, and a LoopWeights made
     # after it, only. (Fast and plain layers: sums in other orders, ≲ 1e-6 apart.)
     mlp.out.b.assign_add(tf.ones([4]))
-    for weights, expected in [(a, before), (layers.LoopWeights([mlp]), before + 1.0),
-                              (None, before + 1.0)]:
-        np.testing.assert_allclose(layers.mlp(mlp, x, weights=weights), expected, rtol=1e-5,
-                                   atol=2e-6)
+    for weights, expected in [
+        (a, before),
+        (layers.LoopWeights([mlp]), before + 1.0),
+        (None, before + 1.0),
+    ]:
+        np.testing.assert_allclose(
+            layers.mlp(mlp, x, weights=weights), expected, rtol=1e-5, atol=2e-6
+        )
     assert all(isinstance(v, tf.Variable) for v in mlp.variables)
 
     model = build(size="micro")
@@ -725,9 +769,12 @@ def _per_bin(grad, probs, scale=1.0):
 # The shift two_hot_stats subtracts before exponentiating: the default (the row maximum), the
 # row mean (the fast one the heads use), and shifts by which every row overflows or underflows,
 # which must fall back to the maximum (compiled: through XLA's conditional).
-SHIFTS = {"max": None, "mean": lambda x: tf.reduce_mean(x, -1),
-          "overflowing": lambda x: tf.reduce_mean(x, -1) - 200.0,
-          "underflowing": lambda x: tf.reduce_max(x, -1) + 200.0}
+SHIFTS = {
+    "max": None,
+    "mean": lambda x: tf.reduce_mean(x, -1),
+    "overflowing": lambda x: tf.reduce_mean(x, -1) - 200.0,
+    "underflowing": lambda x: tf.reduce_max(x, -1) + 200.0,
+}
 
 
 @pytest.mark.parametrize("keep_exp", [False, True])
@@ -738,8 +785,8 @@ def test_two_hot_stats_of_batched_logits_and_their_gradients(shift, compiled, ke
     their gradients, for every shift, with the gradient recomputing the exponentials or reusing
     the forward pass's (`keep_exp`; after an overflowing shift, those of the fallback)."""
     bins = math_ops.two_hot_bins()
-    logits = _normal([2, 3, 255], seed=4, scale=3.0)
-    b, p = bins.numpy().astype(np.float64), _float64_softmax(logits)
+    logits = normal([2, 3, 255], seed=4, scale=3.0)
+    b, p = bins.numpy().astype(np.float64), float64_softmax(logits)
     expected = (p * b).sum(-1)
     reference = np.sign(expected) * np.expm1(np.abs(expected))
     lse_ref = np.log(np.exp(logits.numpy().astype(np.float64)).sum(-1))
@@ -762,20 +809,25 @@ def test_two_hot_stats_of_batched_logits_and_their_gradients(shift, compiled, ke
     # expected's error, and by it again times |bins - expected| ≤ 40 through exp|expected|.
     growth = np.exp(np.abs(expected))[..., None]
     d_ref = p * (b - expected[..., None]) * growth + p * d_lse_weight[..., None]
-    np.testing.assert_allclose(_per_bin(grad, p, growth), _per_bin(d_ref, p, growth),
-                               rtol=PROB_RTOL, atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL)
+    np.testing.assert_allclose(
+        _per_bin(grad, p, growth),
+        _per_bin(d_ref, p, growth),
+        rtol=PROB_RTOL,
+        atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL,
+    )
 
 
 def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
     """Weighted cross-entropies towards two two-hot labels equal the dense formula
     `-sum(labels * log_softmax)`, and so does the gradient `S * softmax - labels`."""
     bins = math_ops.two_hot_bins()
-    logits = _normal([4, 255], seed=5, scale=2.0)
+    logits = normal([4, 255], seed=5, scale=2.0)
     targets = [tf.constant([0.5, -3.0, 1e9, 0.0]), tf.constant([2.0, 7.5, -40.0, -1e9])]
     weights = [1.0, 0.3]
-    labels = sum(w * math_ops.two_hot(math_ops.symlog(t), bins).numpy()
-                 for t, w in zip(targets, weights))
-    p = _float64_softmax(logits)
+    labels = sum(
+        w * math_ops.two_hot(math_ops.symlog(t), bins).numpy() for t, w in zip(targets, weights)
+    )
+    p = float64_softmax(logits)
     scale = np.array([1.0, 2.0, 0.0, -1.0])
     with tf.GradientTape() as tape:
         tape.watch(logits)
@@ -783,13 +835,21 @@ def test_two_hot_cross_entropy_of_two_targets_and_its_gradient():
         ce = two_hot.two_hot_cross_entropy(logits, lse, targets, weights, bins)
         total = tf.reduce_sum(ce * tf.constant(scale, tf.float32))
     # sum(weights) * lse minus the labels' logits (|logits| < 16, a few roundings each).
-    np.testing.assert_allclose(ce.numpy(), -(labels * np.log(p)).sum(-1), rtol=4 * EPS32,
-                               atol=sum(weights) * (LSE_ATOL + 64 * EPS32))
+    np.testing.assert_allclose(
+        ce.numpy(),
+        -(labels * np.log(p)).sum(-1),
+        rtol=4 * EPS32,
+        atol=sum(weights) * (LSE_ATOL + 64 * EPS32),
+    )
     # Per bin: scale * (sum(weights) - labels / p), off by p's relative error times the first
     # term (the labels are the same float32 numbers).
     d_ref = scale[:, None] * (sum(weights) * p - labels)
-    np.testing.assert_allclose(_per_bin(tape.gradient(total, logits), p), _per_bin(d_ref, p),
-                               rtol=4 * EPS32, atol=2.0 * sum(weights) * PROB_RTOL)
+    np.testing.assert_allclose(
+        _per_bin(tape.gradient(total, logits), p),
+        _per_bin(d_ref, p),
+        rtol=4 * EPS32,
+        atol=2.0 * sum(weights) * PROB_RTOL,
+    )
     with pytest.raises(ValueError, match="one weight per target"):
         two_hot.two_hot_cross_entropy(logits, lse, targets, [1.0], bins)
 
@@ -803,7 +863,7 @@ def test_two_hot_functions_take_logits_with_masked_columns(compiled):
     assert masked_columns(255) == 1 and masked_columns(32) == 0 and masked_columns(41) == 7
     # The last real column, beside the masked one, gets probability (~0.1) that an off-by-one
     # at the boundary would lose.
-    logits = _normal([6, 255], seed=6, scale=2.0) + tf.one_hot(254, 255) * 4.0
+    logits = normal([6, 255], seed=6, scale=2.0) + tf.one_hot(254, 255) * 4.0
     padded = tf.concat([logits, tf.fill([6, 1], MASKED_LOGIT)], -1)
     targets = [tf.constant([0.5, -3.0, 1e9, 0.0, 2.0, -7.0])]
 
@@ -821,15 +881,20 @@ def test_two_hot_functions_take_logits_with_masked_columns(compiled):
     ours, reference = run(padded), run(logits)
     # Both sides are float32 sums over the bins (of different widths, so in different orders):
     # twice the error bounds. The cross-entropy is lse minus the same gathered logits.
-    np.testing.assert_allclose(ours[0], reference[0], rtol=2 * EXPECTED_ATOL,
-                               atol=2 * EXPECTED_ATOL)
+    np.testing.assert_allclose(
+        ours[0], reference[0], rtol=2 * EXPECTED_ATOL, atol=2 * EXPECTED_ATOL
+    )
     for a, b in zip(ours[1:3], reference[1:3]):
         np.testing.assert_allclose(a, b, rtol=4 * EPS32, atol=2 * LSE_ATOL)
     # Per bin: 1 - labels / p + (bins - expected) * symlog'(mean) * symexp'(expected); the last
     # factor is 1 up to twice expected's error, which |bins - expected| ≤ 40 multiplies.
-    p = _float64_softmax(logits)
-    np.testing.assert_allclose(_per_bin(ours[3][:, :255], p), _per_bin(reference[3], p),
-                               rtol=2 * PROB_RTOL, atol=2 * (1 + 4 * MAX_BIN) * EXPECTED_ATOL)
+    p = float64_softmax(logits)
+    np.testing.assert_allclose(
+        _per_bin(ours[3][:, :255], p),
+        _per_bin(reference[3], p),
+        rtol=2 * PROB_RTOL,
+        atol=2 * (1 + 4 * MAX_BIN) * EXPECTED_ATOL,
+    )
     np.testing.assert_array_equal(ours[3][:, 255], 0.0)  # exactly: exp(-1e30 - lse) is 0
     with pytest.raises(ValueError, match="254 columns for 255 bins"):
         two_hot.two_hot_stats(logits[:, :254], bins)
@@ -841,9 +906,9 @@ def test_two_hot_stats_and_loss_equal_the_plain_mean_and_log_prob(compiled):
     `two_hot_loss` equal the plain `two_hot_mean` and `-two_hot_log_prob` on the real columns:
     values and gradients (none in the masked column)."""
     bins = math_ops.two_hot_bins()
-    logits = _normal([3, 4, 255], seed=10, scale=2.0)
+    logits = normal([3, 4, 255], seed=10, scale=2.0)
     padded = tf.concat([logits, tf.fill([3, 4, 1], MASKED_LOGIT)], -1)
-    target = _normal([3, 4], seed=11, scale=30.0)
+    target = normal([3, 4], seed=11, scale=30.0)
 
     def fast(padded):
         with tf.GradientTape() as tape:
@@ -867,9 +932,13 @@ def test_two_hot_stats_and_loss_equal_the_plain_mean_and_log_prob(compiled):
     # Both are float32 sums over the 255 bins, in different orders: twice the bounds.
     np.testing.assert_allclose(ours[0], ref[0], rtol=2 * EXPECTED_ATOL, atol=2 * EXPECTED_ATOL)
     np.testing.assert_allclose(ours[1], ref[1], rtol=4 * EPS32, atol=2 * LSE_ATOL)
-    p = _float64_softmax(logits)
-    np.testing.assert_allclose(_per_bin(ours[2][..., :255], p), _per_bin(ref[2], p),
-                               rtol=2 * PROB_RTOL, atol=2 * (1 + 4 * MAX_BIN) * EXPECTED_ATOL)
+    p = float64_softmax(logits)
+    np.testing.assert_allclose(
+        _per_bin(ours[2][..., :255], p),
+        _per_bin(ref[2], p),
+        rtol=2 * PROB_RTOL,
+        atol=2 * (1 + 4 * MAX_BIN) * EXPECTED_ATOL,
+    )
     np.testing.assert_array_equal(ours[2][..., 255], 0.0)
 
 
@@ -886,14 +955,15 @@ def test_two_hot_loss_is_cross_entropy():
 def test_latent_samples_steps_and_prior_equal_the_world_models():
     model = build(size="micro")
     wm = model.world_model
-    logits = _normal([5, *wm.stoch_shape], seed=2)
+    logits = normal([5, *wm.stoch_shape], seed=2)
     z, index = rssm.sample_z(wm, logits, tf.constant([3, 4]))
     np.testing.assert_array_equal(z, wm.sample_z(logits, tf.constant([3, 4])))  # the same ops
     assert index.shape == (5, wm.size.num_categoricals) and index.dtype == tf.int32
     np.testing.assert_array_equal(index, rssm.z_index(wm, z))
-    h = _normal([5, wm.size.gru_units], seed=1)
-    np.testing.assert_allclose(rssm.prior_logits(wm, h), wm.prior_logits(h), rtol=1e-5,
-                               atol=2e-6)  # the folded bias: sums in another order, ≲ 1e-6
+    h = normal([5, wm.size.gru_units], seed=1)
+    np.testing.assert_allclose(
+        rssm.prior_logits(wm, h), wm.prior_logits(h), rtol=1e-5, atol=2e-6
+    )  # the folded bias: sums in another order, ≲ 1e-6
     action = tf.one_hot([0, 1, 1, 0, 1], 2)
     h_fast, z_fast, index_fast = rssm.imagine_step(wm, h, z, index, action, tf.constant([5, 6]))
     h_ref, z_ref = wm.imagine_step(h, z, action, tf.constant([5, 6]))
@@ -907,8 +977,8 @@ def test_latent_samples_steps_and_prior_equal_the_world_models():
 def test_sequence_step_equals_the_one_hot_step(by_index):
     model = build(size="micro")
     wm = model.world_model
-    h = _normal([5, wm.size.gru_units], seed=1)
-    z = wm.sample_z(_normal([5, *wm.stoch_shape], seed=2), tf.constant([3, 4]))
+    h = normal([5, wm.size.gru_units], seed=1)
+    z = wm.sample_z(normal([5, *wm.stoch_shape], seed=2), tf.constant([3, 4]))
     action = tf.one_hot([0, 1, 1, 0, 1], 2)
     index = rssm.z_index(wm, z) if by_index else None
     with tf.GradientTape(persistent=True) as tape:
@@ -920,8 +990,9 @@ def test_sequence_step_equals_the_one_hot_step(by_index):
     # input layer (|x·w| ≲ 1, ≲ 64 terms: ≈ 64·eps·0.3 ≈ 1e-6), through a GRU step (gain ≲ 1).
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-5, atol=2e-6)
     sources = [h, z, *wm.gru_input.trainable_variables, *wm.gru.trainable_variables]
-    _assert_same_gradients(tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources),
-                           sources, 1e-4, 1e-5)
+    _assert_same_gradients(
+        tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources), sources, 1e-4, 1e-5
+    )
 
 
 @pytest.mark.parametrize("with_z", [True, False])
@@ -933,9 +1004,11 @@ def test_head_by_latent_classes_equals_the_mlp_on_the_model_state(with_z, with_m
     model = build(size="micro")
     wm = model.world_model
     net = wm.reward_head
-    h = _normal([2, 3, wm.size.gru_units], seed=1)
-    z = tf.reshape(wm.sample_z(_normal([6, *wm.stoch_shape], seed=2), tf.constant([3, 4])),
-                   [2, 3, wm.stoch_dim])
+    h = normal([2, 3, wm.size.gru_units], seed=1)
+    z = tf.reshape(
+        wm.sample_z(normal([6, *wm.stoch_shape], seed=2), tf.constant([3, 4])),
+        [2, 3, wm.stoch_dim],
+    )
     index = rssm.z_index(wm, z)
     masked = masked_columns(NUM_BINS)
     with tf.GradientTape(persistent=True) as tape:
@@ -953,8 +1026,9 @@ def test_head_by_latent_classes_equals_the_mlp_on_the_model_state(with_z, with_m
     if with_mean:  # as in test_mlp_with_mean_gives_the_output_and_its_mean_without_gradient
         np.testing.assert_allclose(mean, tf.reduce_mean(ref, -1), rtol=1e-5, atol=2e-6)
     sources = [h, *net.trainable_variables]
-    _assert_same_gradients(tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources),
-                           sources, 1e-4, 1e-5)
+    _assert_same_gradients(
+        tape.gradient(loss_ours, sources), tape.gradient(loss_ref, sources), sources, 1e-4, 1e-5
+    )
     d_z = tape.gradient(loss_ours, z)
     if with_z:
         _assert_close_in_scale(d_z, tape.gradient(loss_ref, z), 1e-4, 1e-5)
@@ -975,8 +1049,9 @@ def test_observe_matches_a_loop_of_plain_observe_steps(by_index, monkeypatch):
     h, z, post, prior = rssm.observe(wm, embed, prev_actions, is_first, seeds)
     h_t, z_t = wm.initial_state(batch["rewards"].shape[0])
     for t in range(embed.shape[0]):
-        h_t, z_t, post_t = wm.observe_step(h_t, z_t, prev_actions[t], embed[t], is_first[t],
-                                           seeds[t])
+        h_t, z_t, post_t = wm.observe_step(
+            h_t, z_t, prev_actions[t], embed[t], is_first[t], seeds[t]
+        )
         prior_t = wm.prior_logits(h_t)
         for ours, ref in [(h[t], h_t), (z[t], z_t), (post[t], post_t), (prior[t], prior_t)]:
             _assert_close_in_scale(ours, ref, 1e-4, SCALE_RTOL)
@@ -1002,8 +1077,7 @@ def test_observe_by_latent_classes_has_the_plain_observes_gradients():
         @tf.function(jit_compile=True, autograph=False)
         def fn():
             with tf.GradientTape() as tape:
-                outputs = observe(layers.encoder(wm.encoder, obs), prev_actions, is_first,
-                                  seeds)
+                outputs = observe(layers.encoder(wm.encoder, obs), prev_actions, is_first, seeds)
                 loss = tf.add_n([tf.reduce_sum(tf.sin(x)) for x in outputs])
             return outputs, tape.gradient(loss, variables)
 
@@ -1028,7 +1102,7 @@ def test_heads_are_padded_to_an_aligned_width_by_masked_columns():
     for num_bins, width in [(255, 256), (41, 48)]:
         model = build(num_bins=num_bins)
         wm = model.world_model
-        feat = _normal([4, wm.feat_dim], seed=0)
+        feat = normal([4, wm.feat_dim], seed=0)
         for net in (wm.reward_head, model.critic.mlp):
             padded = layers.mlp(net, feat, masked_out=masked_columns(num_bins))
             assert padded.shape == (4, width) and net(feat).shape == (4, num_bins)
@@ -1043,14 +1117,25 @@ def test_other_bin_counts_take_no_probability_in_the_masked_columns():
     tf.random.set_seed(0)
     model = DreamerV3Model(3, 2, True, MODEL_SIZES["nano"], num_bins=41)
     batch = make_batch()
-    _, metrics, _ = kernels.world_model_loss(model, batch, random_ops.split(tf.constant([0, 0]),
-                                                                            8), hparams())
+    _, metrics, _ = kernels.world_model_loss(
+        model, batch, random_ops.split(tf.constant([0, 0]), 8), hparams()
+    )
     np.testing.assert_allclose(metrics["L_reward"], np.log(41.0), rtol=1e-5)
-    optimizers = {name: make_adam(1e-3, 1e-8, part.trainable_variables) for name, part in
-                  [("world_model", model.world_model), ("actor", model.actor),
-                   ("critic", model.critic)]}
-    update = make_update_fn(model, optimizers, hparams(fast_kernels=True),
-                            batch_signature((3,), tf.float32, 2, 4, 8), jit_compile=False)
+    optimizers = {
+        name: make_adam(1e-3, 1e-8, part.trainable_variables)
+        for name, part in [
+            ("world_model", model.world_model),
+            ("actor", model.actor),
+            ("critic", model.critic),
+        ]
+    }
+    update = make_update_fn(
+        model,
+        optimizers,
+        hparams(fast_kernels=True),
+        batch_signature((3,), tf.float32, 2, 4, 8),
+        jit_compile=False,
+    )
     metrics = update.python_function(batch, tf.constant([0, 1]))  # eager: seconds less
     assert all(np.isfinite(value.numpy()).all() for value in metrics.values())
 
@@ -1092,8 +1177,9 @@ def test_world_model_loss_equals_the_reference(case):
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     assert set(metrics) == set(ref_metrics) and len(metrics) == 11
     for key in ref_metrics:
-        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-6,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-6, err_msg=key
+        )
     for a, b in zip(states, ref_states):  # the same samples: z is one-hot up to an ulp
         _assert_close_in_scale(a, b, 1e-4, SCALE_RTOL)
     # Gradients: sums over B·T steps (and for the convolutions' kernels over every pixel
@@ -1103,8 +1189,10 @@ def test_world_model_loss_equals_the_reference(case):
 
 
 ACTOR_CRITIC_CASES = {  # discrete, size
-    "discrete-nano": (True, "nano"), "continuous-nano": (False, "nano"),
-    "discrete-XS": (True, "XS"), "continuous-XS": (False, "XS"),
+    "discrete-nano": (True, "nano"),
+    "continuous-nano": (False, "nano"),
+    "discrete-XS": (True, "XS"),
+    "continuous-XS": (False, "XS"),
 }
 
 
@@ -1125,8 +1213,14 @@ def test_imagination_and_actor_critic_losses_equal_the_reference(case):
         with tf.GradientTape(persistent=True) as tape:
             imagined = impl.imagine(model, h, z, hp.horizon_H, seeds)
             out = impl.actor_critic_losses(model, imagined, start_cont, hp)
-        results.append((imagined, out, tape.gradient(out[0], model.actor.trainable_variables),
-                        tape.gradient(out[1], model.critic.trainable_variables)))
+        results.append(
+            (
+                imagined,
+                out,
+                tape.gradient(out[0], model.actor.trainable_variables),
+                tape.gradient(out[1], model.critic.trainable_variables),
+            )
+        )
     (imagined, out, actor_grads, critic_grads), ref = results
     ref_imagined, ref_out, ref_actor_grads, ref_critic_grads = ref
     assert ref_imagined.z_index is None  # the reference keeps no classes; the kernels do:
@@ -1145,52 +1239,46 @@ def test_imagination_and_actor_critic_losses_equal_the_reference(case):
     np.testing.assert_allclose(scale, ref_scale, rtol=1e-4, atol=1e-5)
     assert set(metrics) == set(ref_metrics)
     for key in ref_metrics:
-        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-4, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            metrics[key], ref_metrics[key], rtol=1e-4, atol=1e-5, err_msg=key
+        )
     assert abs(float(ref_metrics["imagined_reward_mean"])) > 1e-3  # non-trivial heads
     # Gradients: the softmaxes' relative error PROB_RTOL ≈ 2e-5 (both sides), summed over
     # H · N = 64 states: SCALE_RTOL of each array's largest entry.
-    _assert_same_gradients(actor_grads, ref_actor_grads, model.actor.trainable_variables, 1e-3,
-                           SCALE_RTOL)
-    _assert_same_gradients(critic_grads, ref_critic_grads, model.critic.trainable_variables,
-                           1e-3, SCALE_RTOL)
+    _assert_same_gradients(
+        actor_grads, ref_actor_grads, model.actor.trainable_variables, 1e-3, SCALE_RTOL
+    )
+    _assert_same_gradients(
+        critic_grads, ref_critic_grads, model.critic.trainable_variables, 1e-3, SCALE_RTOL
+    )
 
 
 @pytest.mark.parametrize("discrete", [True, False])
 def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
     """The fast critic loss (one log-normaliser for both of its targets and the values, on all
     H + 1 states with the last weighted 0) and the returns (heads run on the imagined states by
-    their latent classes) equal the SPEC's terms computed one by one with the plain heads:
+    their latent classes) equal the paper's terms computed one by one with the plain heads:
     values, and the critic loss's gradient w.r.t. the critic's variables."""
     model = build(discrete=discrete)
     wm, critic = model.world_model, model.critic
     n, hp = 6, hparams()
     h, z = start_states(wm, n)
     imagined = kernels.imagine(
-        model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
+        model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H)
+    )
     # The classes imagine() keeps are those of its one-hot latents.
     np.testing.assert_array_equal(imagined.z_index, rssm.z_index(wm, imagined.z))
     start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
     with tf.GradientTape(persistent=True) as tape:
         _, critic_loss, _, metrics = kernels.actor_critic_losses(model, imagined, start_cont, hp)
-        feat = tf.stop_gradient(imagined.feat)
-        assert feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
-
-        cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
-        cont = tf.concat([start_cont[None], cont[1:]], 0)
-        returns = math_ops.lambda_returns(wm.reward(feat), cont, critic.value(feat), hp.gamma,
-                                          hp.gae_lambda)
-        weights = math_ops.trajectory_weights(cont, hp.gamma)
-        logits = critic(feat[:-1])
-        reference = tf.reduce_mean(weights * (
-            -math_ops.two_hot_log_prob(logits, tf.stop_gradient(returns), critic.bins)
-            - hp.critic_ema_regularizer * math_ops.two_hot_log_prob(
-                logits, model.critic_ema.value(feat[:-1]), critic.bins)))
+        assert imagined.feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
+        reference, returns = reference_critic_loss(model, imagined, start_cont, hp)
     assert abs(float(tf.reduce_mean(returns))) > 1e-3  # the reward head is not zero
     # Rewards and values: two-hot means over 255 bins in other orders (and shifts): ~sqrt(255)·
     # eps·20 ≲ 2e-5 apart in symlog space, a relative error in real space, over ≤ 5 steps.
-    np.testing.assert_allclose(metrics["imagined_return_mean"], tf.reduce_mean(returns),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        metrics["imagined_return_mean"], tf.reduce_mean(returns), rtol=1e-4, atol=1e-5
+    )
     # Cross-entropies ≈ 5.5 whose log-normalisers (other shifts) differ by ≤ 2·255·eps ≈ 3e-5.
     np.testing.assert_allclose(critic_loss, reference, rtol=1e-5)
     ours = tape.gradient(critic_loss, critic.trainable_variables)
@@ -1244,27 +1332,29 @@ def test_one_update_equals_the_reference_update(case, monkeypatch):
             np.testing.assert_array_equal(a, b)
         hp = hparams(fast_kernels=fast)
         optimizers = {
-            "world_model": make_adam(hp.world_model_lr, hp.world_model_adam_eps,
-                                     model.world_model.trainable_variables),
+            "world_model": make_adam(
+                hp.world_model_lr, hp.world_model_adam_eps, model.world_model.trainable_variables
+            ),
             "actor": make_adam(hp.actor_lr, hp.actor_adam_eps, model.actor.trainable_variables),
-            "critic": make_adam(hp.critic_lr, hp.critic_adam_eps,
-                                model.critic.trainable_variables),
+            "critic": make_adam(hp.critic_lr, hp.critic_adam_eps, model.critic.trainable_variables),
         }
         update = make_update_fn(model, optimizers, hp, signature, jit_compile=jit and fast)
         if not (jit and fast):  # eager: the same function, without seconds of graph building
             update = update.python_function
         metrics = update(batch, tf.constant([5, 7]))
-        results[fast] = ({k: v.numpy() for k, v in metrics.items()},
-                         [v.numpy() for v in model.variables])
+        results[fast] = (
+            {k: v.numpy() for k, v in metrics.items()},
+            [v.numpy() for v in model.variables],
+        )
     (metrics, weights), (ref_metrics, ref_weights) = results[True], results[False]
     assert set(metrics) == set(ref_metrics)
     for key in ("skipped_world_model", "skipped_critic", "skipped_actor"):
         assert metrics[key] == ref_metrics[key] == 0.0, key
     # Losses, gradient norms and statistics: as in the tests of the losses above.
     for key in ref_metrics:
-        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-4, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            metrics[key], ref_metrics[key], rtol=1e-4, atol=1e-5, err_msg=key
+        )
     _assert_same_first_adam_step(weights, ref_weights, max_lr=1e-4)
     moved = [not np.array_equal(w, i) for w, i in zip(weights, initial)]
     assert sum(moved) > len(moved) // 2  # the step changed the weights
-

@@ -11,15 +11,18 @@ import yaml
 
 from rllib_dreamerv3 import DreamerV3Config
 
-
 TUNED = os.path.join(os.path.dirname(__file__), "..", "tuned_examples", "cartpole.yaml")
 
 
 def test_cartpole_improves():
     with open(TUNED) as f:
         spec = next(iter(yaml.safe_load(f).values()))
-    config = (DreamerV3Config().update_from_dict(spec["config"]).environment(spec["env"])
-              .debugging(seed=0))
+    config = (
+        DreamerV3Config()
+        .update_from_dict(spec["config"])
+        .environment(spec["env"])
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     try:
         returns = []

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import float64_softmax, normal
 
 from rllib_dreamerv3 import math_ops
 
@@ -12,7 +13,7 @@ from rllib_dreamerv3 import math_ops
 # machine (SIMD width, oneDNN's and XLA's kernels): tolerances must hold for any order, so they
 # use the worst-case bound of a float32 sum of n terms, n·eps·sum(|terms|) (eps = 2**-24, the
 # unit roundoff), never a margin that merely passed once. Reference values are float64.
-EPS32 = 2.0 ** -24
+EPS32 = 2.0**-24
 NUM_BINS, MAX_BIN = 255, 20.0
 # log(sum(exp)): the sum's relative error n·eps is the log's absolute error (≈ 1.5e-5).
 LSE_ATOL = NUM_BINS * EPS32
@@ -24,23 +25,11 @@ EXPECTED_ATOL = 2 * NUM_BINS * EPS32 * MAX_BIN
 PROB_RTOL = LSE_ATOL + 64 * EPS32
 
 
-def _normal(shape, seed, scale=1.0):
-    """Float32 N(0, scale²) logits from numpy: the same numbers in any test order (TF's op-seeded
-    ops depend on the global seed and on earlier calls with the same op seed)."""
-    return tf.constant((np.random.default_rng(seed).normal(size=shape) * scale)
-                       .astype(np.float32))
-
-
-def _float64_softmax(logits):
-    x = np.asarray(logits, np.float64)
-    p = np.exp(x - x.max(-1, keepdims=True))
-    return p / p.sum(-1, keepdims=True)
-
-
 def test_symlog_symexp_values_and_inverse():
     x = np.array([-10.0, -1.0, 0.0, 1.0, math.e - 1.0, 1000.0], np.float32)
-    expected = np.array([-math.log(11.0), -math.log(2.0), 0.0, math.log(2.0), 1.0,
-                         math.log(1001.0)], np.float32)
+    expected = np.array(
+        [-math.log(11.0), -math.log(2.0), 0.0, math.log(2.0), 1.0, math.log(1001.0)], np.float32
+    )
     # float32 log1p (a few ulps) and the rounded constants: < 8 ulps = 1e-6 relative.
     np.testing.assert_allclose(math_ops.symlog(x), expected, rtol=1e-6)
     # expm1 turns symlog's absolute error (a few ulps of 6.9 ≈ 1.5e-6) into a relative one.
@@ -97,9 +86,9 @@ def test_two_hot_mean_and_log_prob_of_batched_logits_and_their_gradients(compile
     """`two_hot_mean` (softmax-weighted bins, in real space) and `two_hot_log_prob` (the two-hot
     label's weighted log-softmax) equal numpy's float64, and so do their gradients."""
     bins = math_ops.two_hot_bins()
-    logits = _normal([2, 3, 255], seed=4, scale=3.0)
+    logits = normal([2, 3, 255], seed=4, scale=3.0)
     targets = tf.constant([[0.5, -3.0, 1e9], [0.0, 7.5, -40.0]])
-    b, p = bins.numpy().astype(np.float64), _float64_softmax(logits)
+    b, p = bins.numpy().astype(np.float64), float64_softmax(logits)
     expected = (p * b).sum(-1)
     labels = math_ops.two_hot(math_ops.symlog(targets), bins).numpy().astype(np.float64)
     log_prob_ref = (labels * np.log(p)).sum(-1)
@@ -116,17 +105,26 @@ def test_two_hot_mean_and_log_prob_of_batched_logits_and_their_gradients(compile
 
     mean, log_prob, grad = (tf.function(run, jit_compile=True) if compiled else run)(logits)
     assert mean.shape == (2, 3) and log_prob.shape == (2, 3)
-    np.testing.assert_allclose(mean.numpy(), np.sign(expected) * np.expm1(np.abs(expected)),
-                               rtol=EXPECTED_ATOL, atol=EXPECTED_ATOL)
+    np.testing.assert_allclose(
+        mean.numpy(),
+        np.sign(expected) * np.expm1(np.abs(expected)),
+        rtol=EXPECTED_ATOL,
+        atol=EXPECTED_ATOL,
+    )
     # lse's error, plus the label weights' (the same float32 numbers) sums of two entries.
-    np.testing.assert_allclose(log_prob.numpy(), log_prob_ref, rtol=4 * EPS32,
-                               atol=LSE_ATOL + 64 * EPS32)
+    np.testing.assert_allclose(
+        log_prob.numpy(), log_prob_ref, rtol=4 * EPS32, atol=LSE_ATOL + 64 * EPS32
+    )
     # Per bin, divided by p: (bins - expected) + labels / p - 1, off by expected's error (in
     # the first term) and by p's relative error (in the last), and the labels' term by its
     # own rounding, relative to it.
     d_ref = p * (b - expected[..., None]) + labels - p
-    np.testing.assert_allclose(np.asarray(grad, np.float64) / p, d_ref / p, rtol=PROB_RTOL,
-                               atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL + PROB_RTOL)
+    np.testing.assert_allclose(
+        np.asarray(grad, np.float64) / p,
+        d_ref / p,
+        rtol=PROB_RTOL,
+        atol=(1 + 2 * MAX_BIN) * EXPECTED_ATOL + PROB_RTOL,
+    )
 
 
 def test_two_hot_log_prob_is_minus_the_cross_entropy():
@@ -135,8 +133,9 @@ def test_two_hot_log_prob_is_minus_the_cross_entropy():
     target = math_ops.symexp(tf.constant(0.5))  # symlog(target) = 0.5: half on bins 1 and 2
     log_softmax = np.log(np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum())
     expected = -(0.5 * log_softmax[1] + 0.5 * log_softmax[2])
-    np.testing.assert_allclose(-math_ops.two_hot_log_prob(logits, target, bins), expected,
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        -math_ops.two_hot_log_prob(logits, target, bins), expected, rtol=1e-5
+    )
 
 
 def test_unimix_probs():
@@ -162,8 +161,9 @@ def test_categorical_kl_sums_over_categoricals():
 
 
 def test_free_bits_clamps_below_one_nat():
-    np.testing.assert_allclose(math_ops.free_bits(tf.constant([0.2, 1.0, 3.5]), 1.0),
-                               [1.0, 1.0, 3.5])
+    np.testing.assert_allclose(
+        math_ops.free_bits(tf.constant([0.2, 1.0, 3.5]), 1.0), [1.0, 1.0, 3.5]
+    )
 
 
 def test_free_bits_blocks_gradient_below_threshold():
@@ -179,7 +179,8 @@ def _reference_lambda_returns(reward, cont, value, gamma, lam):
     next_return = value[horizon]
     for t in reversed(range(horizon)):
         next_return = reward[t + 1] + gamma * cont[t + 1] * (
-            (1 - lam) * value[t + 1] + lam * next_return)
+            (1 - lam) * value[t + 1] + lam * next_return
+        )
         returns[t] = next_return
     return returns
 
@@ -193,8 +194,9 @@ def test_lambda_returns_hand_computed():
     gamma, lam = 0.5, 0.5
     r1 = 2.0 + 0.5 * 20.0
     r0 = 1.0 + 0.5 * (0.5 * 10.0 + 0.5 * r1)
-    np.testing.assert_allclose(math_ops.lambda_returns(reward, cont, value, gamma, lam),
-                               [[r0], [r1]], rtol=1e-6)
+    np.testing.assert_allclose(
+        math_ops.lambda_returns(reward, cont, value, gamma, lam), [[r0], [r1]], rtol=1e-6
+    )
 
 
 def test_lambda_returns_match_reference_loop():
@@ -202,20 +204,26 @@ def test_lambda_returns_match_reference_loop():
     reward = rng.normal(size=(16, 5)).astype(np.float32)
     cont = (rng.random((16, 5)) > 0.2).astype(np.float32)
     value = rng.normal(size=(16, 5)).astype(np.float32)
-    reference = _reference_lambda_returns(*(x.astype(np.float64) for x in (reward, cont, value)),
-                                          0.997, 0.95)
+    reference = _reference_lambda_returns(
+        *(x.astype(np.float64) for x in (reward, cont, value)), 0.997, 0.95
+    )
     # float32: ~5 roundings a step of values up to m = max(|R|, |r|, |v|), each step's error
     # damped by γλ on the way back: ≤ 5·eps·m / (1 - γλ).
     m = max(np.abs(reference).max(), np.abs(reward).max(), np.abs(value).max())
-    np.testing.assert_allclose(math_ops.lambda_returns(reward, cont, value, 0.997, 0.95),
-                               reference, rtol=0, atol=5 * EPS32 * m / (1 - 0.997 * 0.95))
+    np.testing.assert_allclose(
+        math_ops.lambda_returns(reward, cont, value, 0.997, 0.95),
+        reference,
+        rtol=0,
+        atol=5 * EPS32 * m / (1 - 0.997 * 0.95),
+    )
 
 
 def test_trajectory_weights():
     cont = tf.constant([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])  # [H+1=4, N=2]
     g = 0.9
-    np.testing.assert_allclose(math_ops.trajectory_weights(cont, g),
-                               [[1.0, 0.0], [g, 0.0], [0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(
+        math_ops.trajectory_weights(cont, g), [[1.0, 0.0], [g, 0.0], [0.0, 0.0]], rtol=1e-6
+    )
 
 
 _rng = np.random.default_rng(1)
@@ -235,8 +243,11 @@ def test_percentile_matches_numpy(case):
     qs = (0.0, 5.0, 33.3, 50.0, 95.0, 100.0)
     expected = [np.percentile(x.astype(np.float64), q) for q in qs]
     static = math_ops.percentiles(x, qs)  # static size: the bitwise order-statistic search
-    dynamic = tf.function(lambda v: math_ops.percentiles(v, qs), autograph=False,
-                          input_signature=[tf.TensorSpec(None, tf.float32)])(x)  # the sort
+    dynamic = tf.function(
+        lambda v: math_ops.percentiles(v, qs),
+        autograph=False,
+        input_signature=[tf.TensorSpec(None, tf.float32)],
+    )(x)  # the sort
     # Order statistics are exact; interpolating between two of one sign (in every case here)
     # rounds a few times (< 8 ulps = 1e-6 relative); no reduction whose order could vary.
     for got_static, got_dynamic, want in zip(static, dynamic, expected):
@@ -248,8 +259,9 @@ def test_percentiles_compiled_with_xla_and_at_infinities():
     x = np.random.default_rng(2).normal(size=(15, 1024)).astype(np.float32)
     compiled = tf.function(lambda v: math_ops.percentiles(v, [5.0, 95.0]), jit_compile=True)
     # As above (the tails: neighbours of one sign): a few roundings, < 1e-6 relative.
-    np.testing.assert_allclose(compiled(x), np.percentile(x.astype(np.float64), [5.0, 95.0]),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        compiled(x), np.percentile(x.astype(np.float64), [5.0, 95.0]), rtol=1e-6
+    )
     y = np.array([1.0, np.inf, -np.inf, 0.5], np.float32)  # exact ranks: no 0 * inf = NaN
     assert math_ops.percentile(y, 100.0).numpy() == np.inf
     assert math_ops.percentile(y, 0.0).numpy() == -np.inf
@@ -266,7 +278,8 @@ def test_return_normalization():
 
 def test_normal_log_prob_and_entropy():
     x, mean, std = tf.constant([[0.5]]), tf.constant([[0.0]]), tf.constant([[2.0]])
-    expected = -0.5 * (0.25 ** 2) - math.log(2.0) - 0.5 * math.log(2 * math.pi)
+    expected = -0.5 * (0.25**2) - math.log(2.0) - 0.5 * math.log(2 * math.pi)
     np.testing.assert_allclose(math_ops.normal_log_prob(x, mean, std), [expected], rtol=1e-6)
-    np.testing.assert_allclose(math_ops.normal_entropy(std),
-                               [0.5 + 0.5 * math.log(2 * math.pi) + math.log(2.0)], rtol=1e-6)
+    np.testing.assert_allclose(
+        math_ops.normal_entropy(std), [0.5 + 0.5 * math.log(2 * math.pi) + math.log(2.0)], rtol=1e-6
+    )

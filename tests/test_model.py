@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import normal, reference_critic_loss
 
-from rllib_dreamerv3 import losses, math_ops, random_ops
+from rllib_dreamerv3 import losses, random_ops
 from rllib_dreamerv3.config import HYPERPARAMETERS
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
@@ -24,13 +25,6 @@ def _global_seed():
     """Models draw their initial weights from TF's global seed: reset it, so that every test
     sees the same weights in any test order (`build` sets its own)."""
     tf.random.set_seed(0)
-
-
-def _normal(shape, seed, scale=1.0):
-    """Float32 N(0, scale²) inputs from numpy: the same numbers in any test order (TF's op-seeded
-    ops depend on the global seed and on earlier calls with the same op seed)."""
-    return tf.constant((np.random.default_rng(seed).normal(size=shape) * scale)
-                       .astype(np.float32))
 
 
 def _perturb(variables, seed, scale):
@@ -65,14 +59,16 @@ def _assert_close_in_scale(actual, desired, rtol, scale_rtol, err_msg=""):
     a gradient entry summing many terms that cancel to near 0 has the rounding error of its
     terms, whose size is that of the array's large entries, not its own."""
     desired = np.asarray(desired)
-    np.testing.assert_allclose(actual, desired, rtol=rtol,
-                               atol=scale_rtol * np.abs(desired).max(), err_msg=err_msg)
+    np.testing.assert_allclose(
+        actual, desired, rtol=rtol, atol=scale_rtol * np.abs(desired).max(), err_msg=err_msg
+    )
 
 
 def hparams(**overrides):
     values = {name: default for name, (default, _) in HYPERPARAMETERS.items()}
-    values.update(gamma=1 - 1 / 333, horizon_H=5, batch_size_B=B, batch_length_T=T,
-                  fast_kernels=False)
+    values.update(
+        gamma=1 - 1 / 333, horizon_H=5, batch_size_B=B, batch_length_T=T, fast_kernels=False
+    )
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -88,9 +84,13 @@ def make_batch(seed=0, obs_dim=3, num_actions=2, discrete=True):
     is_first[1, 5] = True
     is_terminal = np.zeros((B, T), bool)
     is_terminal[1, 4] = True
-    return {"obs": rng.normal(size=(B, T, obs_dim)).astype(np.float32), "actions": actions,
-            "rewards": rng.normal(size=(B, T)).astype(np.float32),
-            "is_first": is_first, "is_terminal": is_terminal}
+    return {
+        "obs": rng.normal(size=(B, T, obs_dim)).astype(np.float32),
+        "actions": actions,
+        "rewards": rng.normal(size=(B, T)).astype(np.float32),
+        "is_first": is_first,
+        "is_terminal": is_terminal,
+    }
 
 
 def build(size="nano", discrete=True, seed=0, obs_dim=3, num_actions=2):
@@ -111,15 +111,17 @@ def test_output_shapes_for_every_size(size):
     n = 2
     carry = model.initial_carry(n)
     action, (h, z, prev) = model.policy_step(
-        carry, tf.zeros([n, 5]), tf.constant([True, False]), tf.constant([1, 2]), explore=True)
+        carry, tf.zeros([n, 5]), tf.constant([True, False]), tf.constant([1, 2]), explore=True
+    )
     stoch = dims.num_categoricals * dims.num_classes
     assert action.shape == (n, 3) and prev.shape == (n, 3)
     assert h.shape == (n, dims.gru_units) and z.shape == (n, stoch)
     # One-hot actions, and z one-hot per categorical: straight-through `sample + p - sg(p)`,
     # the one within an ulp of 1 (2**-23 above it: more than the default rtol), the rest 0.
     np.testing.assert_allclose(tf.reduce_sum(action, -1), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(tf.reduce_sum(tf.reshape(z, [n, dims.num_categoricals, -1]), -1),
-                               1.0, rtol=1e-6)
+    np.testing.assert_allclose(
+        tf.reduce_sum(tf.reshape(z, [n, dims.num_categoricals, -1]), -1), 1.0, rtol=1e-6
+    )
     feat = tf.concat([h, z], -1)
     wm = model.world_model
     assert wm.decoder(feat).shape == (n, 5)
@@ -141,7 +143,7 @@ def test_hidden_layers_follow_the_size_table():
 
 def test_reward_and_critic_start_at_zero():
     model, _ = build()
-    feat = _normal([7, model.world_model.feat_dim], seed=0)
+    feat = normal([7, model.world_model.feat_dim], seed=0)
     # Zero logits: sum(bins) / 255, 0 but for the float32 bins' asymmetry (-7e-8) and the
     # rounding of a sum of 255 bins |b| ≤ 20 in any order, 255·eps·20 / 255 ≈ 1.2e-6.
     np.testing.assert_allclose(model.world_model.reward(feat), np.zeros(7), atol=2e-6)
@@ -150,7 +152,7 @@ def test_reward_and_critic_start_at_zero():
 
 def test_continuous_actor_bounds_and_std():
     model = DreamerV3Model(3, 2, False, get_model_size("nano"))
-    feat = _normal([100, model.world_model.feat_dim], seed=0, scale=10.0)
+    feat = normal([100, model.world_model.feat_dim], seed=0, scale=10.0)
     mean, std = model.actor.dist(feat)
     assert np.all(np.abs(mean) <= 1.0)
     assert np.all((std >= 0.1) & (std <= 1.0))
@@ -161,7 +163,7 @@ def test_continuous_actor_bounds_and_std():
 def test_reset_on_is_first_restores_initial_state():
     model, _ = build()
     h0, z0 = model.world_model.initial_state(2)
-    h, z = _normal(h0.shape, seed=0), _normal(z0.shape, seed=1)
+    h, z = normal(h0.shape, seed=0), normal(z0.shape, seed=1)
     prev = tf.ones([2, 2])
     h_r, z_r, a_r = model.world_model.reset(h, z, prev, tf.constant([True, False]))
     np.testing.assert_allclose(h_r[0], h0[0])
@@ -186,8 +188,9 @@ def test_observe_matches_a_loop_of_observe_steps():
     assert h.shape == (T, B, 32) and z.shape == (T, B, 64) and post.shape == (T, B, 8, 8)
     h_t, z_t = wm.initial_state(B)
     for t in range(T):
-        h_t, z_t, post_t = wm.observe_step(h_t, z_t, prev_actions[t], embed[t], is_first[t],
-                                           seeds[t])
+        h_t, z_t, post_t = wm.observe_step(
+            h_t, z_t, prev_actions[t], embed[t], is_first[t], seeds[t]
+        )
         prior_t = wm.prior_logits(h_t)
         for ours, ref in [(h[t], h_t), (z[t], z_t), (post[t], post_t), (prior[t], prior_t)]:
             _assert_close_in_scale(ours, ref, 1e-4, SCALE_RTOL)
@@ -196,38 +199,37 @@ def test_observe_matches_a_loop_of_observe_steps():
 @pytest.mark.parametrize("discrete", [True, False])
 def test_critic_loss_and_returns_match_a_direct_evaluation(discrete):
     """The critic loss and the returns (heads run on the imagined states only) equal the
-    SPEC's terms computed one by one on all states: values, and the critic loss's gradient
+    paper's terms computed one by one on all states: values, and the critic loss's gradient
     w.r.t. the critic's variables."""
     model, _ = build("nano", discrete=discrete)
     wm, critic = model.world_model, model.critic
-    _perturb([wm.reward_head.out.w, *wm.continue_head.variables, critic.mlp.out.w,
-              *model.critic_ema.variables], seed=7, scale=0.3)  # non-trivial heads
+    _perturb(
+        [
+            wm.reward_head.out.w,
+            *wm.continue_head.variables,
+            critic.mlp.out.w,
+            *model.critic_ema.variables,
+        ],
+        seed=7,
+        scale=0.3,
+    )  # non-trivial heads
     n, hp = 6, hparams()
-    h = _normal([n, wm.size.gru_units], seed=8)
-    z = wm.sample_z(_normal([n, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
+    h = normal([n, wm.size.gru_units], seed=8)
+    z = wm.sample_z(normal([n, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
     imagined = losses.imagine(
-        model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H))
+        model, h, z, hp.horizon_H, random_ops.split(tf.constant([3, 4]), 2 * hp.horizon_H)
+    )
     start_cont = tf.constant([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
     with tf.GradientTape(persistent=True) as tape:
         _, critic_loss, _, metrics = losses.actor_critic_losses(model, imagined, start_cont, hp)
-        feat = tf.stop_gradient(imagined.feat)
-        assert feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
-
-        cont = tf.cast(wm.continue_logit(feat) > 0.0, tf.float32)
-        cont = tf.concat([start_cont[None], cont[1:]], 0)
-        returns = math_ops.lambda_returns(wm.reward(feat), cont, critic.value(feat), hp.gamma,
-                                          hp.gae_lambda)
-        weights = math_ops.trajectory_weights(cont, hp.gamma)
-        logits = critic(feat[:-1])
-        reference = tf.reduce_mean(weights * (
-            -math_ops.two_hot_log_prob(logits, tf.stop_gradient(returns), critic.bins)
-            - hp.critic_ema_regularizer * math_ops.two_hot_log_prob(
-                logits, model.critic_ema.value(feat[:-1]), critic.bins)))
+        assert imagined.feat.shape == (hp.horizon_H + 1, 6, wm.size.gru_units + wm.stoch_dim)
+        reference, returns = reference_critic_loss(model, imagined, start_cont, hp)
     assert abs(float(tf.reduce_mean(returns))) > 1e-3  # the reward head is not zero
     # Rewards and values: two-hot means over 255 bins, on batches of other sizes (other sum
     # orders): ~sqrt(255)·eps·20·p_max ≲ 1e-6 apart in symlog space, over ≤ 5 steps.
-    np.testing.assert_allclose(metrics["imagined_return_mean"], tf.reduce_mean(returns),
-                               rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(
+        metrics["imagined_return_mean"], tf.reduce_mean(returns), rtol=1e-5, atol=2e-6
+    )
     # Cross-entropies ≈ 5.5: the same log-softmaxes on batches of other sizes, ≤ 2·255·eps ≈
     # 3e-5 apart.
     np.testing.assert_allclose(critic_loss, reference, rtol=1e-5)
@@ -246,8 +248,8 @@ def test_the_actor_acts_on_imagined_states_without_their_gradient():
     through the dynamics)."""
     model, _ = build("nano", discrete=False)
     wm, actor = model.world_model, model.actor
-    h = _normal([4, wm.size.gru_units], seed=8)
-    z = wm.sample_z(_normal([4, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
+    h = normal([4, wm.size.gru_units], seed=8)
+    z = wm.sample_z(normal([4, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
     with tf.GradientTape(persistent=True) as tape:
         imagined = losses.imagine(model, h, z, 3, random_ops.split(tf.constant([3, 4]), 6))
         mean_at_2 = imagined.dist[0][2]
@@ -257,8 +259,10 @@ def test_the_actor_acts_on_imagined_states_without_their_gradient():
     # The same layers on the same values (batched differently): a few roundings of outputs
     # ≲ 1 apart.
     np.testing.assert_allclose(mean_at_2, direct, rtol=1e-5, atol=1e-6)
-    for a, b in zip(tape.gradient(mean_at_2, actor.trainable_variables),
-                    tape.gradient(direct, actor.trainable_variables)):
+    for a, b in zip(
+        tape.gradient(mean_at_2, actor.trainable_variables),
+        tape.gradient(direct, actor.trainable_variables),
+    ):
         _assert_close_in_scale(a, b, 1e-4, SCALE_RTOL)
     through_dynamics = tape.gradient(state_2, actor.trainable_variables)
     assert max(float(tf.reduce_max(tf.abs(g))) for g in through_dynamics) > 1e-6
@@ -267,7 +271,8 @@ def test_the_actor_acts_on_imagined_states_without_their_gradient():
 def test_world_model_loss_terms_at_init():
     model, _ = build()
     _, metrics, (h, z) = losses.world_model_loss(
-        model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
+        model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams()
+    )
     # Zero-initialised reward head: uniform over 255 bins (a sum of 255 ones is exact; log and
     # the mean over the batch round a few times).
     np.testing.assert_allclose(metrics["L_reward"], np.log(255.0), rtol=1e-5)
@@ -280,17 +285,24 @@ def test_other_bin_counts_give_heads_of_that_many_bins():
     """41 bins: the heads have 41 logits; the zero-initialised reward head is uniform over them
     (log 41), and one compiled update runs."""
     model = DreamerV3Model(3, 2, True, get_model_size("nano"), num_bins=41)
-    feat = _normal([5, model.world_model.feat_dim], seed=0)
+    feat = normal([5, model.world_model.feat_dim], seed=0)
     assert model.critic(feat).shape == (5, 41) and model.critic.mlp(feat).shape == (5, 41)
     assert model.world_model.reward_head(feat).shape == (5, 41)
     _, metrics, _ = losses.world_model_loss(
-        model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
+        model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams()
+    )
     np.testing.assert_allclose(metrics["L_reward"], np.log(41.0), rtol=1e-5)
-    optimizers = {name: make_adam(1e-3, 1e-8, part.trainable_variables) for name, part in
-                  [("world_model", model.world_model), ("actor", model.actor),
-                   ("critic", model.critic)]}
-    update = make_update_fn(model, optimizers, hparams(),
-                            batch_signature((3,), tf.float32, 2, B, T))
+    optimizers = {
+        name: make_adam(1e-3, 1e-8, part.trainable_variables)
+        for name, part in [
+            ("world_model", model.world_model),
+            ("actor", model.actor),
+            ("critic", model.critic),
+        ]
+    }
+    update = make_update_fn(
+        model, optimizers, hparams(), batch_signature((3,), tf.float32, 2, B, T)
+    )
     metrics = update(make_batch(), tf.constant([0, 1]))
     assert all(np.isfinite(value.numpy()).all() for value in metrics.values())
 
@@ -360,8 +372,10 @@ def test_compiled_update_matches_eager_on_images():
     for jit in (True, False):
         tf.random.set_seed(4)
         model = DreamerV3Model((16, 16, 3), 2, True, get_model_size("nano"))
-        optimizers = {name: make_adam(3e-4, 1e-5, getattr(model, name).trainable_variables)
-                      for name in ("world_model", "actor", "critic")}
+        optimizers = {
+            name: make_adam(3e-4, 1e-5, getattr(model, name).trainable_variables)
+            for name in ("world_model", "actor", "critic")
+        }
         sig = batch_signature((16, 16, 3), tf.uint8, 2, B, T)
         fn = make_update_fn(model, optimizers, hparams(), sig, jit_compile=jit)
         update = fn if jit else fn.python_function
@@ -380,7 +394,8 @@ def test_bfloat16_matmuls_stay_close_to_float32():
         model, _ = build(seed=5)
         set_matmul_dtype(model, dtype)
         loss, metrics, (h, _) = losses.world_model_loss(
-            model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams())
+            model, make_batch(), random_ops.split(tf.constant([0, 0]), T), hparams()
+        )
         assert h.dtype == tf.float32  # states, norms and losses stay float32
         losses_by_dtype[dtype] = float(metrics["L_decoder"])
     f32, bf16 = losses_by_dtype[tf.float32], losses_by_dtype[tf.bfloat16]

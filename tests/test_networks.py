@@ -4,6 +4,7 @@ LayerNorm, convolutions, MLPs and the GRU cell. (Their fast forms: tests/test_ke
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import normal
 
 from rllib_dreamerv3 import networks
 from rllib_dreamerv3.networks import MLP, Conv, LayerNorm
@@ -11,7 +12,7 @@ from rllib_dreamerv3.networks import MLP, Conv, LayerNorm
 # Tolerances: our layers and the references (numpy in float64, TF's ops) sum in different
 # orders, and which order depends on the machine (SIMD width, oneDNN's and XLA's kernels). A
 # float32 sum of n terms of magnitude m is within ~n·eps·m whatever the order (eps = 2**-24).
-EPS32 = 2.0 ** -24
+EPS32 = 2.0**-24
 
 
 @pytest.fixture(autouse=True)
@@ -19,13 +20,6 @@ def _global_seed():
     """Layers draw their initial weights from TF's global seed: reset it, so that every test
     sees the same weights in any test order."""
     tf.random.set_seed(0)
-
-
-def _normal(shape, seed, scale=1.0):
-    """Float32 N(0, scale²) inputs from numpy: the same numbers in any test order (TF's op-seeded
-    ops depend on the global seed and on earlier calls with the same op seed)."""
-    return tf.constant((np.random.default_rng(seed).normal(size=shape) * scale)
-                       .astype(np.float32))
 
 
 @pytest.mark.parametrize("shape", [(7, 24), (3, 5, 5, 24)])
@@ -53,7 +47,7 @@ def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
     dense = networks.Dense(7, 4)
     dense.b.assign(tf.constant([0.5, -1.0, 2.0, 0.25]))
     dense.matmul_dtype = dtype
-    x = _normal(shape, seed=3)
+    x = normal(shape, seed=3)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)
         ours = dense(x)
@@ -64,8 +58,9 @@ def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
     tol = 2e-6 if dtype == tf.float32 else 3e-2
     assert ours.shape == (*shape[:-1], 4) and ours.dtype == tf.float32
     np.testing.assert_allclose(ours, reference, rtol=tol, atol=tol)
-    for a, b in zip(tape.gradient(ours, [x, dense.w, dense.b]),
-                    tape.gradient(reference, [x, dense.w, dense.b])):
+    for a, b in zip(
+        tape.gradient(ours, [x, dense.w, dense.b]), tape.gradient(reference, [x, dense.w, dense.b])
+    ):
         assert a.dtype == tf.float32
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
@@ -73,7 +68,7 @@ def test_dense_with_bias_equals_matmul_plus_bias(shape, dtype):
 def test_dense_without_bias_and_zero_init():
     dense = networks.Dense(3, 5, bias=False)
     assert dense.b is None and len(dense.trainable_variables) == 1
-    x = _normal([4, 3], seed=1)
+    x = normal([4, 3], seed=1)
     np.testing.assert_array_equal(dense(x), tf.matmul(x, dense.w))  # the same op
     zero = networks.Dense(3, 5, zero_init=True)
     np.testing.assert_array_equal(zero(x), np.zeros([4, 5], np.float32))
@@ -86,13 +81,14 @@ def test_conv_is_tfs_convolution_plus_bias(transpose, kernel, stride):
     TF's convolution plus the bias; the kernel of a transposed one is `[k, k, out, in]`."""
     conv = Conv(3, 5, kernel, stride, transpose=transpose)
     conv.b.assign(tf.range(5, dtype=tf.float32) / 4.0)
-    x = _normal([2, 8, 6, 3], seed=2)
+    x = normal([2, 8, 6, 3], seed=2)
     y = conv(x)
     if transpose:
         assert conv.w.shape == (kernel, kernel, 5, 3)
         assert y.shape == (2, 8 * stride, 6 * stride, 5)
-        reference = tf.nn.conv2d_transpose(x, conv.w, [2, 8 * stride, 6 * stride, 5], stride,
-                                           "SAME")
+        reference = tf.nn.conv2d_transpose(
+            x, conv.w, [2, 8 * stride, 6 * stride, 5], stride, "SAME"
+        )
     else:
         assert conv.w.shape == (kernel, kernel, 3, 5)
         assert y.shape == (2, 8 // stride, 6 // stride, 5)
@@ -107,7 +103,7 @@ def test_mlp_blocks_follow_dense_layer_norm_silu():
     mlp = MLP(6, 8, 2, out_units=3)
     assert [block.dense.b for block in mlp.blocks] == [None, None]
     assert mlp.out.b is not None and mlp.out_units == 3
-    x = _normal([4, 6], seed=3)
+    x = normal([4, 6], seed=3)
     h = x
     for block in mlp.blocks:
         h = tf.nn.silu(block.norm(h @ block.dense.w))
@@ -120,7 +116,7 @@ def test_two_hot_heads_start_at_zero_logits():
     from rllib_dreamerv3.model_sizes import get_model_size
 
     head = networks.two_hot_head(10, get_model_size("nano"), 255)
-    x = _normal([3, 10], seed=4)
+    x = normal([3, 10], seed=4)
     assert head.out.w.shape == (16, 255)
     np.testing.assert_array_equal(head(x), np.zeros([3, 255], np.float32))
 
@@ -131,12 +127,11 @@ def test_gru_cell_follows_its_formula():
     cell = networks.GRUCell(3, 4)
     cell.norm.scale.assign(tf.linspace(0.5, 1.5, 12))
     cell.norm.offset.assign(tf.linspace(-0.2, 0.2, 12))
-    x, h = _normal([5, 3], seed=5), _normal([5, 4], seed=6)
+    x, h = normal([5, 3], seed=5), normal([5, 4], seed=6)
     inputs = np.concatenate([x.numpy(), h.numpy()], -1).astype(np.float64)
     pre = inputs @ cell.dense.w.numpy().astype(np.float64)
     mean, var = pre.mean(-1, keepdims=True), pre.var(-1, keepdims=True)
-    normed = ((pre - mean) / np.sqrt(var + 1e-3) * cell.norm.scale.numpy()
-              + cell.norm.offset.numpy())
+    normed = (pre - mean) / np.sqrt(var + 1e-3) * cell.norm.scale.numpy() + cell.norm.offset.numpy()
     reset, cand, update = np.split(normed, 3, -1)
 
     def sigmoid(v):
@@ -162,5 +157,5 @@ def test_set_matmul_dtype_reaches_every_dense_and_conv_inside():
     layers = [m for m in net.submodules if isinstance(m, (networks.Dense, Conv))]
     assert len(layers) == 3 and all(m.matmul_dtype == tf.bfloat16 for m in layers)
     assert all(v.dtype == tf.float32 for v in net.variables)  # variables stay float32
-    assert net.mlp(_normal([2, 4], seed=7)).dtype == tf.float32
+    assert net.mlp(normal([2, 4], seed=7)).dtype == tf.float32
     assert networks.Dense(2, 2).matmul_dtype == tf.float32  # the class default is untouched

@@ -10,9 +10,12 @@ def _draws(seed):
     # Probabilities that are sums of powers of two: their cumulative sums are exact in any
     # order, so the sampled indices are too (with 0.1, 0.2, 0.7 the row total could differ by
     # an ulp between XLA's and TF's matmul, moving a uniform across a class boundary).
-    return (random_ops.uniform([1000], seed), random_ops.normal([1000], seed),
-            random_ops.categorical(tf.constant([[0.125, 0.25, 0.625]] * 1000), seed),
-            random_ops.split(seed, 3))
+    return (
+        random_ops.uniform([1000], seed),
+        random_ops.normal([1000], seed),
+        random_ops.categorical(tf.constant([[0.125, 0.25, 0.625]] * 1000), seed),
+        random_ops.split(seed, 3),
+    )
 
 
 def test_compiled_and_eager_draw_identical_numbers():
@@ -51,8 +54,10 @@ def test_distributions():
 
 
 def test_categorical_never_picks_zero_probability_classes():
-    probs = np.array([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0],
-                      [0.0, 0.5, 0.0, 0.5]], np.float32)
+    probs = np.array(
+        [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.5, 0.0, 0.5]],
+        np.float32,
+    )
     idx = random_ops.categorical(np.tile(probs, (5_000, 1)), tf.constant([5, 6])).numpy()
     idx = idx.reshape(5_000, 4)
     assert (idx[:, 0] == 1).all() and (idx[:, 1] == 3).all() and (idx[:, 2] == 0).all()

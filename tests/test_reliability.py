@@ -34,12 +34,23 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def tiny_config(env="CartPole-v1", **training):
-    settings = dict(model_size="nano", batch_size_B=2, batch_length_T=8, horizon_H=3,
-                    training_ratio=32, num_steps_sampled_before_learning_starts=32,
-                    dream_every_n_updates=0)
+    settings = dict(
+        model_size="nano",
+        batch_size_B=2,
+        batch_length_T=8,
+        horizon_H=3,
+        training_ratio=32,
+        num_steps_sampled_before_learning_starts=32,
+        dream_every_n_updates=0,
+    )
     settings.update(training)
-    return (DreamerV3Config().environment(env).training(**settings)
-            .reporting(min_sample_timesteps_per_iteration=16).debugging(seed=0))
+    return (
+        DreamerV3Config()
+        .environment(env)
+        .training(**settings)
+        .reporting(min_sample_timesteps_per_iteration=16)
+        .debugging(seed=0)
+    )
 
 
 class CountingEnv(gym.Env):
@@ -91,28 +102,34 @@ def _assert_get_module_is_trained(algo):
     assert module_state.keys() == learner_state.keys()
     for key in learner_state:
         np.testing.assert_array_equal(module_state[key], learner_state[key], err_msg=key)
-    learner_module = algo.learner_group._learner.module[DEFAULT_MODULE_ID] \
-        if algo.learner_group.is_local else None
+    learner_module = (
+        algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+        if algo.learner_group.is_local
+        else None
+    )
     rng = np.random.default_rng(0)
-    batch = {"obs": rng.normal(size=(5, 2)).astype(np.float32), "is_first": np.ones(5, bool),
-             "state_in": {k: np.repeat(v[None], 5, 0)
-                          for k, v in module.get_initial_state().items()}}
+    batch = {
+        "obs": rng.normal(size=(5, 2)).astype(np.float32),
+        "is_first": np.ones(5, bool),
+        "state_in": {k: np.repeat(v[None], 5, 0) for k, v in module.get_initial_state().items()},
+    }
     out = module.forward_inference(batch)
     if learner_module is not None:
         ref = learner_module.forward_inference(batch)
         # Same weights, inputs and compiled program: one-hot greedy actions are equal unless
         # two logits tie within rounding; the states agree to float32 rounding of |h| <= 1.
-        np.testing.assert_array_equal(out["actions_model"].numpy(),
-                                      ref["actions_model"].numpy())
-        np.testing.assert_allclose(out["state_out"]["h"].numpy(),
-                                   ref["state_out"]["h"].numpy(), rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(out["actions_model"].numpy(), ref["actions_model"].numpy())
+        np.testing.assert_allclose(
+            out["state_out"]["h"].numpy(), ref["state_out"]["h"].numpy(), rtol=0, atol=1e-6
+        )
 
 
 # --- 1. get_module() --------------------------------------------------------------------------
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("num_env_runners", [0, 1])
-def test_get_module_holds_the_learners_weights_after_training_and_restore(num_env_runners,
-                                                                          tmp_path):
+def test_get_module_holds_the_learners_weights_after_training_and_restore(
+    num_env_runners, tmp_path
+):
     config = counting_config().env_runners(num_env_runners=num_env_runners)
     algo = config.build_algo()
     try:
@@ -150,15 +167,18 @@ def _assert_sampling_raises(error, pattern, **env_config):
 @pytest.mark.parametrize("fault,key", [("bad_obs_at", "obs"), ("bad_reward_at", "reward")])
 def test_env_runner_rejects_non_finite_env_data_naming_env_step_and_key(fault, key):
     _assert_sampling_raises(
-        ValueError, rf"CountingEnv.*non-finite '{key}'.*step 7 of its episode.*"
-        r"nonfinite_env_data='skip'", **{fault: 7})
+        ValueError,
+        rf"CountingEnv.*non-finite '{key}'.*step 7 of its episode.*"
+        r"nonfinite_env_data='skip'",
+        **{fault: 7},
+    )
 
 
 def test_env_runner_skips_non_finite_steps_when_asked_and_counts_them():
     config = counting_config(bad_obs_at=7).training(nonfinite_env_data="skip")
     runner = DreamerV3EnvRunner(config=config, worker_index=0)
     try:
-        (_, steps), = runner.sample(num_timesteps=12, random_actions=True)
+        ((_, steps),) = runner.sample(num_timesteps=12, random_actions=True)
         assert np.isfinite(steps["obs"]).all()
         # Steps 0..6 were recorded (obs 0..6), the NaN observation of step 7 was dropped and
         # the env reset: the next record starts an episode.
@@ -173,8 +193,9 @@ def _nano_update(jit):
     from test_model import B, T, build, hparams, make_batch
 
     model, optimizers = build()
-    update = make_update_fn(model, optimizers, hparams(),
-                            batch_signature((3,), tf.float32, 2, B, T), jit_compile=jit)
+    update = make_update_fn(
+        model, optimizers, hparams(), batch_signature((3,), tf.float32, 2, B, T), jit_compile=jit
+    )
     return model, optimizers, update, make_batch
 
 
@@ -196,9 +217,9 @@ def test_an_update_on_non_finite_data_changes_no_weight_and_is_reported(jit):
     good = make_batch()
     update(good, tf.constant([0, 1]))
     wm_opt = optimizers["world_model"]
-    for seed, (field, value, skipped) in enumerate([
-            ("obs", np.inf, ("world_model", "critic", "actor")),
-            ("rewards", np.nan, ("world_model",))]):
+    for seed, (field, value, skipped) in enumerate(
+        [("obs", np.inf, ("world_model", "critic", "actor")), ("rewards", np.nan, ("world_model",))]
+    ):
         weights, wm_weights = _values(model.variables), _values(model.world_model.variables)
         slots = [_values(opt.variables) for opt in optimizers.values()]
         bad = {k: v.copy() for k, v in good.items()}
@@ -233,14 +254,16 @@ def test_learner_stops_after_max_skipped_updates_in_a_row():
         batch["obs"][0, 3, 0] = np.nan  # every loss non-finite: every step skipped
 
         def update():
-            return learner.update(batch=MultiAgentBatch(
-                {DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=16))
+            return learner.update(
+                batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=16)
+            )
 
         for _ in range(2):
             results = update()
         assert results[DEFAULT_MODULE_ID]["num_skipped_updates_lifetime"].peek() == 2
-        with pytest.raises(FloatingPointError, match="3 DreamerV3 updates in a row.*"
-                                                     "max_skipped_updates_in_a_row"):
+        with pytest.raises(
+            FloatingPointError, match="3 DreamerV3 updates in a row.*max_skipped_updates_in_a_row"
+        ):
             update()
         after = learner.module[DEFAULT_MODULE_ID].get_state()
         for key in weights:
@@ -320,8 +343,9 @@ def test_killing_a_save_at_random_moments_never_leaves_a_torn_checkpoint(tmp_pat
     rng = np.random.default_rng(0)
     seen = set()
     for _ in range(20):
-        proc = subprocess.Popen([sys.executable, "-c", _KILL_LOOP_WRITER,
-                                 _load_checkpoints_module_source(), str(path)])
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _KILL_LOOP_WRITER, _load_checkpoints_module_source(), str(path)]
+        )
         time.sleep(float(rng.uniform(0.05, 0.4)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -365,8 +389,12 @@ def test_killing_a_real_save_never_restores_a_mix_of_two_saves(tmp_path):
     rng = np.random.default_rng(1)
     restored_updates = []
     for _ in range(int(os.environ.get("DREAMER_KILLS", "20"))):
-        proc = subprocess.Popen([sys.executable, "-c", _REAL_SAVE_LOOP, str(path)],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _REAL_SAVE_LOOP, str(path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         for _ in range(int(rng.integers(2, 5))):  # completed saves, then the one killed
             line = None
             while line != "saving":
@@ -380,8 +408,9 @@ def test_killing_a_real_save_never_restores_a_mix_of_two_saves(tmp_path):
             continue  # killed during the first save
         algo = DreamerV3.from_checkpoint(str(path))
         try:
-            optimizer = dict(algo.learner_group._learner.get_optimizers_for_module(
-                DEFAULT_MODULE_ID))["world_model"]
+            optimizer = dict(
+                algo.learner_group._learner.get_optimizers_for_module(DEFAULT_MODULE_ID)
+            )["world_model"]
             assert int(optimizer.iterations) == algo._counters["num_updates"]
             restored_updates.append(algo._counters["num_updates"])
         finally:
@@ -402,8 +431,11 @@ def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path
         algo.save_to_path(str(path))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
         manifest = checkpoints.read_manifest(path)
-        weights = next(name for name in manifest["files"]
-                       if name.startswith(cli.MODULE_STATE_DIR.replace(os.sep, "/")))
+        weights = next(
+            name
+            for name in manifest["files"]
+            if name.startswith(cli.MODULE_STATE_DIR.replace(os.sep, "/"))
+        )
         data = bytearray((path / weights).read_bytes())
         data[len(data) // 2] ^= 0x01  # one flipped bit
         (path / weights).write_bytes(bytes(data))
@@ -424,12 +456,17 @@ def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path
 
 # --- 4. no EnvRunner left -----------------------------------------------------------------------
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("fault_tolerance", [
-    dict(restart_failed_env_runners=False),
-    dict(restart_failed_env_runners=False, ignore_env_runner_failures=True)])
+@pytest.mark.parametrize(
+    "fault_tolerance",
+    [
+        dict(restart_failed_env_runners=False),
+        dict(restart_failed_env_runners=False, ignore_env_runner_failures=True),
+    ],
+)
 def test_train_raises_when_no_env_runner_is_left(fault_tolerance):
-    config = (counting_config(die_at=60).env_runners(num_env_runners=1)
-              .fault_tolerance(**fault_tolerance))
+    config = (
+        counting_config(die_at=60).env_runners(num_env_runners=1).fault_tolerance(**fault_tolerance)
+    )
     algo = config.build_algo()
 
     def hang(*_):
@@ -461,8 +498,9 @@ def _assert_stream_has_no_gap(buffer):
     size = len(buffer)
     data = buffer._data
     nxt = buffer._next_slot[:size]
-    linked = (buffer._index[nxt] == buffer._index[:size] + 1) & \
-             (buffer._stream[nxt] == buffer._stream[:size])
+    linked = (buffer._index[nxt] == buffer._index[:size] + 1) & (
+        buffer._stream[nxt] == buffer._stream[:size]
+    )
     linked &= ~data["is_first"][nxt]
     jumps = data["obs"][nxt, 0] - data["obs"][:size, 0]
     assert np.all(jumps[linked] == 1), np.flatnonzero(linked & (jumps != 1))
@@ -486,8 +524,11 @@ def test_a_failed_sample_does_not_join_a_stream_across_the_lost_steps():
 
 
 def test_restart_failed_sub_environments_replaces_the_env_and_starts_an_episode():
-    config = (counting_config(raise_at=7).fault_tolerance(restart_failed_sub_environments=True)
-              .env_runners(num_envs_per_env_runner=2))
+    config = (
+        counting_config(raise_at=7)
+        .fault_tolerance(restart_failed_sub_environments=True)
+        .env_runners(num_envs_per_env_runner=2)
+    )
     runner = DreamerV3EnvRunner(config=config, worker_index=0)
     try:
         old_envs = list(runner.envs)
@@ -507,8 +548,9 @@ def test_without_restarts_a_sub_env_failure_propagates():
 
 # --- 7. observations that do not fit the space --------------------------------------------------
 def test_observation_of_the_wrong_shape_names_the_env_and_its_space():
-    _assert_sampling_raises(ValueError, r"CountingEnv.*shape \(67, 5\).*declares shape \(2,\)",
-                            shape_at=3)
+    _assert_sampling_raises(
+        ValueError, r"CountingEnv.*shape \(67, 5\).*declares shape \(2,\)", shape_at=3
+    )
 
 
 # --- 8. a restore that cannot complete changes nothing ------------------------------------------
@@ -522,14 +564,19 @@ def test_restore_into_a_different_replay_capacity_fails_before_writing(tmp_path)
         target.train()
         weights = target.get_module().get_state()
         counters = dict(target._counters)
-        with pytest.raises(checkpoints.CheckpointError,
-                           match="capacity=1000 \\(here 2000\\).*Nothing was restored"):
+        with pytest.raises(
+            checkpoints.CheckpointError, match="capacity=1000 \\(here 2000\\).*Nothing was restored"
+        ):
             target.restore_from_path(path)
         # Without the manifest's early check, the replay state itself is checked before
         # anything is written.
         with pytest.raises(ValueError, match="capacity 1000"):
-            target.set_state({"replay_buffer": source.replay_buffer.get_state(),
-                              "dreamer_counters": {"num_updates": -1}})
+            target.set_state(
+                {
+                    "replay_buffer": source.replay_buffer.get_state(),
+                    "dreamer_counters": {"num_updates": -1},
+                }
+            )
         after = target.get_module().get_state()
         for key in weights:
             np.testing.assert_array_equal(weights[key], after[key], err_msg=key)
@@ -548,12 +595,22 @@ def test_checkpoints_module_loads_without_the_package():
 
 
 # --- 9. stop criteria and training() keywords -------------------------------------------------
-TINY = {"env": "CartPole-v1", "run": "DreamerV3",
-        "config": {"model_size": "nano", "batch_size_B": 2, "batch_length_T": 8,
-                   "horizon_H": 3, "training_ratio": 16, "seed": 0,
-                   "num_steps_sampled_before_learning_starts": 64,
-                   "min_sample_timesteps_per_iteration": 16, "jit_compile": False,
-                   "dream_every_n_updates": 0}}
+TINY = {
+    "env": "CartPole-v1",
+    "run": "DreamerV3",
+    "config": {
+        "model_size": "nano",
+        "batch_size_B": 2,
+        "batch_length_T": 8,
+        "horizon_H": 3,
+        "training_ratio": 16,
+        "seed": 0,
+        "num_steps_sampled_before_learning_starts": 64,
+        "min_sample_timesteps_per_iteration": 16,
+        "jit_compile": False,
+        "dream_every_n_updates": 0,
+    },
+}
 
 
 def _yaml(tmp_path, stop):
@@ -580,16 +637,20 @@ def _cli_error(capsys, argv):
     return err
 
 
-@pytest.mark.parametrize("value, hint", [
-    ("abc", "e.g. `training_iteration: 100`"),
-    (True, "e.g. `training_iteration: 100`"),
-    (None, "e.g. `training_iteration: 100`"),
-    (float("nan"), "e.g. `training_iteration: 100`"),
-    ("1e5", "write 100000"),  # YAML 1.1 reads an exponent without a dot as a string
-    ({"x": 1}, "slashes, e.g. `training_iteration/x: 450`"),
-])
-def test_stop_value_that_is_not_a_number_fails_before_ray_starts(capsys, tmp_path, no_ray,
-                                                                  value, hint):
+@pytest.mark.parametrize(
+    "value, hint",
+    [
+        ("abc", "e.g. `training_iteration: 100`"),
+        (True, "e.g. `training_iteration: 100`"),
+        (None, "e.g. `training_iteration: 100`"),
+        (float("nan"), "e.g. `training_iteration: 100`"),
+        ("1e5", "write 100000"),  # YAML 1.1 reads an exponent without a dot as a string
+        ({"x": 1}, "slashes, e.g. `training_iteration/x: 450`"),
+    ],
+)
+def test_stop_value_that_is_not_a_number_fails_before_ray_starts(
+    capsys, tmp_path, no_ray, value, hint
+):
     path = _yaml(tmp_path, {"training_iteration": value})
     err = _cli_error(capsys, ["train", "file", path])
     assert f"{path}, experiment 'tiny'" in err and "training_iteration" in err
@@ -597,20 +658,24 @@ def test_stop_value_that_is_not_a_number_fails_before_ray_starts(capsys, tmp_pat
 
 
 def test_stop_value_from_the_command_line_is_checked_too(capsys, no_ray):
-    err = _cli_error(capsys, ["train", "--env", "CartPole-v1", "--stop",
-                              "{training_iteration: abc}"])
+    err = _cli_error(
+        capsys, ["train", "--env", "CartPole-v1", "--stop", "{training_iteration: abc}"]
+    )
     assert "the command line" in err and "'abc' is not a number" in err
 
 
-@pytest.mark.parametrize("key, fix", [
-    ("trainig_iteration", "Did you mean 'training_iteration'?"),
-    ("num_env_steps_sampled_lifetme", "Did you mean 'num_env_steps_sampled_lifetime'?"),
-    ("env_runner/episode_return_mean", "Did you mean 'env_runners/episode_return_mean'?"),
-    ("timesteps_total", "use 'num_env_steps_sampled_lifetime'"),
-    ("episode_reward_mean", "use 'env_runners/episode_return_mean'"),
-    ("env_runners", "is a group of results, not a number"),
-    ("training_iteration/mean", "stop on 'training_iteration' itself"),
-])
+@pytest.mark.parametrize(
+    "key, fix",
+    [
+        ("trainig_iteration", "Did you mean 'training_iteration'?"),
+        ("num_env_steps_sampled_lifetme", "Did you mean 'num_env_steps_sampled_lifetime'?"),
+        ("env_runner/episode_return_mean", "Did you mean 'env_runners/episode_return_mean'?"),
+        ("timesteps_total", "use 'num_env_steps_sampled_lifetime'"),
+        ("episode_reward_mean", "use 'env_runners/episode_return_mean'"),
+        ("env_runners", "is a group of results, not a number"),
+        ("training_iteration/mean", "stop on 'training_iteration' itself"),
+    ],
+)
 def test_misspelt_top_level_stop_key_fails_before_ray_starts(capsys, tmp_path, no_ray, key, fix):
     path = _yaml(tmp_path, {key: 5})
     err = _cli_error(capsys, ["train", "file", path])
@@ -622,20 +687,29 @@ def _result(episodes):
     env_runners = {"num_env_steps_sampled_lifetime": 80.0}
     if episodes:  # RLlib reports episode statistics only once an episode has ended
         env_runners.update(episode_return_mean=21.5, episode_len_mean=21.5, num_episodes=2)
-    return {"training_iteration": 1 + int(episodes), "time_total_s": 3.25,
-            "num_env_steps_sampled_lifetime": 80.0, "env_runners": env_runners,
-            "learners": {"default_policy": {"L_world_model": 1.5, "L_actor": -0.25},
-                         "__all_modules__": {"num_env_steps_trained": 16.0}},
-            "config": {"model_size": "nano"}}
+    return {
+        "training_iteration": 1 + int(episodes),
+        "time_total_s": 3.25,
+        "num_env_steps_sampled_lifetime": 80.0,
+        "env_runners": env_runners,
+        "learners": {
+            "default_policy": {"L_world_model": 1.5, "L_actor": -0.25},
+            "__all_modules__": {"num_env_steps_trained": 16.0},
+        },
+        "config": {"model_size": "nano"},
+    }
 
 
 def test_stop_criteria_reject_a_misspelt_key_once_the_results_show_it(capsys):
     # Valid keys are never rejected, also those that appear only later (episode statistics,
     # evaluation) or that no built-in result has (a callback's metric): they are waited for.
-    valid = {"env_runners/episode_return_mean": 450.0,
-             "evaluation/env_runners/episode_return_mean": 450.0,
-             "learners/default_policy/L_world_model": 100.0, "env_runners/my_metric": 1.0,
-             "training_iteration": 3}
+    valid = {
+        "env_runners/episode_return_mean": 450.0,
+        "evaluation/env_runners/episode_return_mean": 450.0,
+        "learners/default_policy/L_world_model": 100.0,
+        "env_runners/my_metric": 1.0,
+        "training_iteration": 3,
+    }
     stopper = cli.StopCriteria(valid, "exp.yaml, experiment 'tiny'")
     assert not stopper("t", _result(episodes=False)) and not stopper.stop_all()
     assert not stopper("t", _result(episodes=True)) and stopper.problem is None
@@ -646,19 +720,23 @@ def test_stop_criteria_reject_a_misspelt_key_once_the_results_show_it(capsys):
 
     # A misspelt episode key cannot be told apart before an episode has ended; once the
     # results have the key it was meant to be, the whole experiment stops with the fix.
-    stopper = cli.StopCriteria({"env_runners/episode_return_man": 100.0}, "exp.yaml, "
-                               "experiment 'tiny'")
+    stopper = cli.StopCriteria(
+        {"env_runners/episode_return_man": 100.0}, "exp.yaml, experiment 'tiny'"
+    )
     assert not stopper("t", _result(episodes=False)) and not stopper.stop_all()
     assert stopper("t", _result(episodes=True)) and stopper.stop_all()
     assert "exp.yaml, experiment 'tiny'" in stopper.problem
     assert "Did you mean 'env_runners/episode_return_mean'?" in stopper.problem
 
-    for key, fix in [("learners/default_policy/L_world_modle",
-                      "Did you mean 'learners/default_policy/L_world_model'?"),
-                     ("learners/default_polcy/L_actor",
-                      "Did you mean 'learners/default_policy/L_actor'?"),
-                     ("learners/default_policy", "e.g. 'learners/default_policy/L_actor'"),
-                     ("time_total_s/max", "'time_total_s' is a number")]:
+    for key, fix in [
+        (
+            "learners/default_policy/L_world_modle",
+            "Did you mean 'learners/default_policy/L_world_model'?",
+        ),
+        ("learners/default_polcy/L_actor", "Did you mean 'learners/default_policy/L_actor'?"),
+        ("learners/default_policy", "e.g. 'learners/default_policy/L_actor'"),
+        ("time_total_s/max", "'time_total_s' is a number"),
+    ]:
         stopper = cli.StopCriteria({key: 1.0}, "exp")
         assert stopper("t", _result(episodes=False)) and stopper.stop_all(), key
         assert fix in stopper.problem, stopper.problem
@@ -671,13 +749,29 @@ def test_misspelt_stop_key_ends_a_real_run_with_exit_code_2(tmp_path):
     # The key is only checkable against real results, so Tune runs; the run must end at the
     # first result and the error must reach the user. `training_iteration: 4` bounds the run
     # should the check not fire.
-    path = _yaml(tmp_path, {"learners/default_policy/L_world_modle": -1.0,
-                            "training_iteration": 4})
+    path = _yaml(tmp_path, {"learners/default_policy/L_world_modle": -1.0, "training_iteration": 4})
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(
-        [sys.executable, "-m", "rllib_dreamerv3", "train", "file", path, "--num-cpus", "2",
-         "--storage-path", str(tmp_path / "results"), "--no-checkpoint-at-end", "-v", "0"],
-        capture_output=True, text=True, timeout=300, env=env)
+        [
+            sys.executable,
+            "-m",
+            "rllib_dreamerv3",
+            "train",
+            "file",
+            path,
+            "--num-cpus",
+            "2",
+            "--storage-path",
+            str(tmp_path / "results"),
+            "--no-checkpoint-at-end",
+            "-v",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if "rllib_dreamerv3: error:" in line]
     assert len(error) == 1, proc.stderr[-3000:]

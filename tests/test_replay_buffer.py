@@ -11,9 +11,13 @@ def _steps(start, n, is_first_at=(), obs_dim=1):
     obs = np.arange(start, start + n, dtype=np.float32)[:, None].repeat(obs_dim, 1)
     is_first = np.zeros(n, bool)
     is_first[list(is_first_at)] = True
-    return {"obs": obs, "actions": np.zeros((n, 2), np.float32),
-            "rewards": np.arange(start, start + n, dtype=np.float32),
-            "is_first": is_first, "is_terminal": np.zeros(n, bool)}
+    return {
+        "obs": obs,
+        "actions": np.zeros((n, 2), np.float32),
+        "rewards": np.arange(start, start + n, dtype=np.float32),
+        "is_first": is_first,
+        "is_terminal": np.zeros(n, bool),
+    }
 
 
 def test_sequences_are_contiguous_and_cross_episode_boundaries():

@@ -15,21 +15,39 @@ SWEEP = os.path.join(os.path.dirname(__file__), "..", "tuned_examples", "sweep_c
 
 
 def tiny_config():
-    return (DreamerV3Config().environment("CartPole-v1")
-            .training(model_size="nano", batch_size_B=4, batch_length_T=8, horizon_H=3,
-                      training_ratio=32, num_steps_sampled_before_learning_starts=16,
-                      jit_compile=False, tf_num_threads=1)
-            .reporting(min_sample_timesteps_per_iteration=16).debugging(seed=0))
+    return (
+        DreamerV3Config()
+        .environment("CartPole-v1")
+        .training(
+            model_size="nano",
+            batch_size_B=4,
+            batch_length_T=8,
+            horizon_H=3,
+            training_ratio=32,
+            num_steps_sampled_before_learning_starts=16,
+            jit_compile=False,
+            tf_num_threads=1,
+        )
+        .reporting(min_sample_timesteps_per_iteration=16)
+        .debugging(seed=0)
+    )
 
 
 def test_grid_of_two_trials_with_checkpoints_and_tensorboard(ray_session, tmp_path):
-    config = tiny_config().training(training_ratio=tune.grid_search([16, 32]),
-                                    critic_lr=tune.choice([1e-4, 3e-4]))
+    config = tiny_config().training(
+        training_ratio=tune.grid_search([16, 32]), critic_lr=tune.choice([1e-4, 3e-4])
+    )
     tuner = tune.Tuner(
-        DreamerV3, param_space=config,
+        DreamerV3,
+        param_space=config,
         run_config=tune.RunConfig(
-            name="grid", storage_path=str(tmp_path), stop={"training_iteration": 1},
-            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True), verbose=0))
+            name="grid",
+            storage_path=str(tmp_path),
+            stop={"training_iteration": 1},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
+            verbose=0,
+        ),
+    )
     results = tuner.fit()
 
     assert results.num_errors == 0, [r.error for r in results]
@@ -42,8 +60,9 @@ def test_grid_of_two_trials_with_checkpoints_and_tensorboard(ray_session, tmp_pa
         for key in ("L_world_model", "L_actor", "L_critic"):
             assert math.isfinite(learner[key]), key
         assert result.metrics["num_updates_lifetime"] >= 1
-        assert glob.glob(os.path.join(result.path, "events.out.tfevents.*")), \
+        assert glob.glob(os.path.join(result.path, "events.out.tfevents.*")), (
             f"no TensorBoard event file in {result.path}"
+        )
         assert result.checkpoint is not None
 
     result = min(results, key=lambda r: r.config["training_ratio"])
@@ -56,15 +75,21 @@ def test_grid_of_two_trials_with_checkpoints_and_tensorboard(ray_session, tmp_pa
         restored.stop()
 
 
-@pytest.mark.parametrize("num_env_runners,num_learners,eval_runners,expected", [
-    (0, 0, 0, [{"CPU": 1}]),  # sampling and the local Learner in the trial's process
-    # The trial's process, two EnvRunners, one evaluation EnvRunner, one remote Learner.
-    (2, 1, 1, [{"CPU": 1}] * 5),
-])
+@pytest.mark.parametrize(
+    "num_env_runners,num_learners,eval_runners,expected",
+    [
+        (0, 0, 0, [{"CPU": 1}]),  # sampling and the local Learner in the trial's process
+        # The trial's process, two EnvRunners, one evaluation EnvRunner, one remote Learner.
+        (2, 1, 1, [{"CPU": 1}] * 5),
+    ],
+)
 def test_trial_resource_request(num_env_runners, num_learners, eval_runners, expected):
-    config = (tiny_config().env_runners(num_env_runners=num_env_runners)
-              .learners(num_learners=num_learners)
-              .evaluation(evaluation_num_env_runners=eval_runners))
+    config = (
+        tiny_config()
+        .env_runners(num_env_runners=num_env_runners)
+        .learners(num_learners=num_learners)
+        .evaluation(evaluation_num_env_runners=eval_runners)
+    )
     bundles = DreamerV3.default_resource_request(config.to_dict()).bundles
     assert bundles == expected
 
@@ -80,7 +105,8 @@ def test_sweep_example_fits_two_cores():
     param_space = tuner._local_tuner._param_space
     assert param_space["training_ratio"] == {"grid_search": [256, 512]}
     config = DreamerV3Config().update_from_dict(
-        {k: v for k, v in param_space.items() if k not in ("training_ratio", "world_model_lr")})
+        {k: v for k, v in param_space.items() if k not in ("training_ratio", "world_model_lr")}
+    )
     config.validate()
     bundles = DreamerV3.default_resource_request(config).bundles
     assert sum(b.get("CPU", 0) for b in bundles) == 1  # two trials at a time on two cores

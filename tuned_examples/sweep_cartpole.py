@@ -36,17 +36,31 @@ def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
         "min_sample_timesteps_per_iteration": 500,
         "metrics_num_episodes_for_smoothing": 10,
     }
-    scheduler = ASHAScheduler(time_attr="num_env_steps_sampled_lifetime", max_t=max_env_steps,
-                              grace_period=max_env_steps // 4, reduction_factor=2)
+    scheduler = ASHAScheduler(
+        time_attr="num_env_steps_sampled_lifetime",
+        max_t=max_env_steps,
+        grace_period=max_env_steps // 4,
+        reduction_factor=2,
+    )
     return tune.Tuner(
-        DreamerV3, param_space=param_space,
-        tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
-                                    num_samples=num_samples, max_concurrent_trials=2),
+        DreamerV3,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=METRIC,
+            mode="max",
+            scheduler=scheduler,
+            num_samples=num_samples,
+            max_concurrent_trials=2,
+        ),
         run_config=tune.RunConfig(
-            name="sweep-cartpole-dreamerv3", storage_path=storage_path,
+            name="sweep-cartpole-dreamerv3",
+            storage_path=storage_path,
             stop={"num_env_steps_sampled_lifetime": max_env_steps, METRIC: 450},
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True, num_to_keep=1),
-            callbacks=[ProgressLines()], verbose=1))
+            callbacks=[ProgressLines()],
+            verbose=1,
+        ),
+    )
 
 
 def main():
@@ -58,12 +72,17 @@ def main():
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False)
-    results = build_tuner(args.num_samples, args.max_env_steps,
-                          args.storage_path and os.path.abspath(args.storage_path)).fit()
+    results = build_tuner(
+        args.num_samples,
+        args.max_env_steps,
+        args.storage_path and os.path.abspath(args.storage_path),
+    ).fit()
     best = results.get_best_result()
-    print(f"best: {METRIC}={best.metrics['env_runners']['episode_return_mean']:.1f} with "
-          f"training_ratio={best.config['training_ratio']}, "
-          f"world_model_lr={best.config['world_model_lr']}; checkpoint {best.checkpoint}")
+    print(
+        f"best: {METRIC}={best.metrics['env_runners']['episode_return_mean']:.1f} with "
+        f"training_ratio={best.config['training_ratio']}, "
+        f"world_model_lr={best.config['world_model_lr']}; checkpoint {best.checkpoint}"
+    )
 
 
 if __name__ == "__main__":

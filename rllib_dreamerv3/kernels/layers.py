@@ -7,7 +7,14 @@ path. `weights` (a :class:`LoopWeights`, or None) supplies variables read once b
 
 import tensorflow as tf
 
-from rllib_dreamerv3.encoders import ImageDecoder, ImageEncoder, VectorDecoder, VectorEncoder
+from rllib_dreamerv3.encoders import (
+    ImageDecoder,
+    ImageEncoder,
+    VectorDecoder,
+    VectorEncoder,
+    flatten_leading,
+    restore_leading,
+)
 from rllib_dreamerv3.kernels.loops import materialized
 from rllib_dreamerv3.kernels.two_hot import MASKED_LOGIT
 from rllib_dreamerv3.math_ops import symlog
@@ -42,8 +49,10 @@ class LoopWeights:
         blocks = [(dense, 0, dense.w.shape[0]) for dense in denses]
         for dense, start, stop in row_blocks:
             if dense not in denses:
-                raise ValueError(f"LoopWeights: row_blocks names {dense.name!r}, which is not "
-                                 "inside the modules given; add its module to them.")
+                raise ValueError(
+                    f"LoopWeights: row_blocks names {dense.name!r}, which is not "
+                    "inside the modules given; add its module to them."
+                )
             blocks.append((dense, start, stop))
         for dense, start, stop in blocks:
             kernel = self.read(dense.w)
@@ -71,10 +80,12 @@ def _matmul_given_transpose(x, w, w_t):
     `w_t`, the transpose made once before the loop too: XLA:CPU multiplies a loop's small
     `[batch, out]` gradients by a transposed operand more slowly than by a plain one, and these
     products are the observe loop's backward critical path."""
+
     @tf.custom_gradient
     def product(x, w):
         def grad(dy):
             return tf.matmul(dy, w_t), tf.matmul(x, dy, transpose_a=True)
+
         return tf.matmul(x, w), grad
 
     return product(x, w)
@@ -95,8 +106,10 @@ def dense(layer, x, weights=None, masked_out=0):
     in_units = layer.w.shape[0]
     if layer.b is None:
         if masked_out:
-            raise ValueError(f"dense: masked_out={masked_out} needs a layer with a bias (the "
-                             "masked columns' constant sits in the bias row of the kernel).")
+            raise ValueError(
+                f"dense: masked_out={masked_out} needs a layer with a bias (the "
+                "masked columns' constant sits in the bias row of the kernel)."
+            )
         return dense_partial(layer, x, 0, in_units, weights)
     if layer.matmul_dtype != tf.float32 or (weights is not None and layer.w in weights):
         # bfloat16 keeps the bias in float32; weights read once for a loop keep it apart too:
@@ -109,8 +122,15 @@ def dense(layer, x, weights=None, masked_out=0):
     x = tf.concat([x, tf.ones_like(x[..., :1])], -1)
     w = tf.concat([layer.w, layer.b[None]], 0)
     if masked_out:
-        w = tf.concat([w, tf.concat([tf.zeros([in_units, masked_out]),
-                                     tf.fill([1, masked_out], MASKED_LOGIT)], 0)], 1)
+        w = tf.concat(
+            [
+                w,
+                tf.concat(
+                    [tf.zeros([in_units, masked_out]), tf.fill([1, masked_out], MASKED_LOGIT)], 0
+                ),
+            ],
+            1,
+        )
     return matmul(x, w)
 
 
@@ -120,8 +140,10 @@ def dense_partial(layer, x, start, stop, weights=None):
     `layer(concat([a, b]))` minus the bias, so a part that many calls share can be computed
     once, e.g. outside a recurrence."""
     if x.shape[-1] is not None and x.shape[-1] != stop - start:
-        raise ValueError(f"dense_partial: x has {x.shape[-1]} features, rows {start}:{stop} "
-                         f"of the kernel need {stop - start}.")
+        raise ValueError(
+            f"dense_partial: x has {x.shape[-1]} features, rows {start}:{stop} "
+            f"of the kernel need {stop - start}."
+        )
     read_once = None if weights is None else weights.rows(layer, start, stop)
     if read_once is not None and x.shape.rank == 2 and layer.matmul_dtype == tf.float32:
         return _matmul_given_transpose(x, *read_once)
@@ -156,6 +178,7 @@ def onehot_partial(layer, index, start, num_classes, onehot=None, weights=None):
         def looped(rows, features):
             def grad(dy):
                 return (tf.matmul(features, dy, transpose_a=True), tf.matmul(dy, rows_t))
+
             return _row_sums(rows, index, num_classes), grad
 
         return looped(rows, onehot)
@@ -165,9 +188,13 @@ def onehot_partial(layer, index, start, num_classes, onehot=None, weights=None):
         def grad(dy):
             flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
             flat_index = tf.reshape(index, [-1, index.shape[-1]])
-            d_rows = tf.concat([tf.math.unsorted_segment_sum(flat_dy, flat_index[:, k],
-                                                             num_classes)
-                                for k in range(index.shape[-1])], 0)
+            d_rows = tf.concat(
+                [
+                    tf.math.unsorted_segment_sum(flat_dy, flat_index[:, k], num_classes)
+                    for k in range(index.shape[-1])
+                ],
+                0,
+            )
             if not features:
                 return d_rows
             d_features = tf.matmul(flat_dy, rows, transpose_b=True)
@@ -214,8 +241,11 @@ def layer_norm(norm, x, weights=None):
             d_normed = dy * scale
             dx = inv_std * (d_normed - row_mean(d_normed) - normed * row_mean(d_normed * normed))
             flat_dy = tf.reshape(dy, [-1, units])
-            return (dx, tf.reduce_sum(flat_dy * tf.reshape(normed, [-1, units]), 0),
-                    tf.reduce_sum(flat_dy, 0))
+            return (
+                dx,
+                tf.reduce_sum(flat_dy * tf.reshape(normed, [-1, units]), 0),
+                tf.reduce_sum(flat_dy, 0),
+            )
 
         return normed * scale + offset, grad
 
@@ -233,8 +263,7 @@ def dense_block(block, x, rest=None, weights=None):
     features' contribution to the pre-activation (from :func:`dense_partial`)."""
     if rest is None:
         return activate(block, dense(block.dense, x, weights), weights)
-    return activate(block, dense_partial(block.dense, x, 0, x.shape[-1], weights) + rest,
-                    weights)
+    return activate(block, dense_partial(block.dense, x, 0, x.shape[-1], weights) + rest, weights)
 
 
 def mlp_hidden(net, x, rest=None, weights=None):
@@ -259,9 +288,11 @@ def mlp_with_mean(net, x, rest=None, masked_out=0):
     :func:`~.two_hot.two_hot_stats`)."""
     out = net.out
     if out is None or out.b is None:
-        raise ValueError("mlp_with_mean needs an MLP with an output layer that has a bias (a "
-                         "two-hot head, networks.two_hot_head); this one has "
-                         f"{'no output layer' if out is None else 'no bias'}.")
+        raise ValueError(
+            "mlp_with_mean needs an MLP with an output layer that has a bias (a "
+            "two-hot head, networks.two_hot_head); this one has "
+            f"{'no output layer' if out is None else 'no bias'}."
+        )
     x = mlp_hidden(net, x, rest)
     mean = tf.tensordot(tf.stop_gradient(x), tf.stop_gradient(tf.reduce_mean(out.w, 1)), 1)
     mean += tf.stop_gradient(tf.reduce_mean(out.b))
@@ -292,9 +323,15 @@ MATMUL_CONV_MIN_BATCH = 64
 
 
 def _matmul_conv_applies(x, w, stride):
-    return (stride == 2 and w.shape[0] == w.shape[1] and w.shape[0] % 2 == 0
-            and None not in x.shape[:3] and x.shape[0] >= MATMUL_CONV_MIN_BATCH
-            and x.shape[1] % 2 == 0 and x.shape[2] % 2 == 0)
+    return (
+        stride == 2
+        and w.shape[0] == w.shape[1]
+        and w.shape[0] % 2 == 0
+        and None not in x.shape[:3]
+        and x.shape[0] >= MATMUL_CONV_MIN_BATCH
+        and x.shape[1] % 2 == 0
+        and x.shape[2] % 2 == 0
+    )
 
 
 def _kernel_matrix(w):
@@ -319,7 +356,7 @@ def _conv_s2_matmul(x, w):
     pad = (k - 2) // 2
     blocks = tf.nn.space_to_depth(tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]]), 2)
     ho, wo = height // 2, width // 2
-    windows = [blocks[:, a:a + ho, b:b + wo, :] for a in range(m) for b in range(m)]
+    windows = [blocks[:, a : a + ho, b : b + wo, :] for a in range(m) for b in range(m)]
     kernel = _kernel_matrix(w)
     if 4 * c >= WINDOW_MATMULS_MIN_WIDTH:
         rows = tf.split(kernel, m * m, 0)
@@ -341,10 +378,15 @@ def _conv_transpose_s2_matmul(x, w):
     else:
         parts = tf.split(flat @ kernel, m * m, -1)
     parts = [tf.reshape(part, [-1, height, width, 4 * o]) for part in parts]
-    blocks = tf.add_n([tf.pad(parts[a * m + b], [[0, 0], [a, m - 1 - a], [b, m - 1 - b], [0, 0]])
-                       for a in range(m) for b in range(m)])
+    blocks = tf.add_n(
+        [
+            tf.pad(parts[a * m + b], [[0, 0], [a, m - 1 - a], [b, m - 1 - b], [0, 0]])
+            for a in range(m)
+            for b in range(m)
+        ]
+    )
     pad = (k - 2) // 2
-    return tf.nn.depth_to_space(blocks, 2)[:, pad:pad + 2 * height, pad:pad + 2 * width, :]
+    return tf.nn.depth_to_space(blocks, 2)[:, pad : pad + 2 * height, pad : pad + 2 * width, :]
 
 
 def conv(layer, x):
@@ -371,41 +413,30 @@ def conv_block(block, x):
 
 
 # --- encoders and decoders ----------------------------------------------------------------------
-def _flat(x, inner_rank):
-    """`[..., *inner]` -> `[N, *inner]`, and the leading shape to restore it."""
-    lead = tf.shape(x)[:x.shape.rank - inner_rank]
-    return tf.reshape(x, [-1, *x.shape[x.shape.rank - inner_rank:]]), lead
-
-
-def _unflat(x, lead, inner_rank):
-    inner = tf.shape(x)[x.shape.rank - inner_rank:] if inner_rank else []
-    return tf.reshape(x, tf.concat([lead, inner], 0))
-
-
 def encoder(enc, obs):
     """`enc(obs)` for the encoders of :mod:`rllib_dreamerv3.encoders`."""
     if isinstance(enc, VectorEncoder):
-        x, lead = _flat(tf.cast(obs, tf.float32), 1)
-        return _unflat(mlp(enc.mlp, symlog(x)), lead, 1)
+        x, lead = flatten_leading(tf.cast(obs, tf.float32), 1)
+        return restore_leading(mlp(enc.mlp, symlog(x)), lead, 1)
     if isinstance(enc, ImageEncoder):
-        x, lead = _flat(obs, 3)
+        x, lead = flatten_leading(obs, 3)
         x = tf.cast(x, tf.float32) / 255.0 - 0.5
         for block in enc.blocks:
             x = conv_block(block, x)
-        return _unflat(tf.reshape(x, [-1, enc.out_units]), lead, 1)
+        return restore_leading(tf.reshape(x, [-1, enc.out_units]), lead, 1)
     raise TypeError(f"kernels.encoder: no fast path for {type(enc).__name__}.")
 
 
 def decoder(dec, feat):
     """`dec(feat)` for the decoders of :mod:`rllib_dreamerv3.encoders`."""
-    x, lead = _flat(feat, 1)
+    x, lead = flatten_leading(feat, 1)
     if isinstance(dec, VectorDecoder):
-        return _unflat(mlp(dec.mlp, x), lead, 1)
+        return restore_leading(mlp(dec.mlp, x), lead, 1)
     if isinstance(dec, ImageDecoder):
         x = tf.reshape(dense(dec.dense, x), [-1, *dec.start_shape])
         for block in dec.blocks:
             x = conv_block(block, x)
-        return _unflat(conv(dec.out, x), lead, 3)
+        return restore_leading(conv(dec.out, x), lead, 3)
     raise TypeError(f"kernels.decoder: no fast path for {type(dec).__name__}.")
 
 

@@ -19,22 +19,30 @@ def scan(fn, elems, initializer):
     """
     flat_elems = tf.nest.flatten(elems)
     steps = flat_elems[0].shape[0]
-    arrays = [tf.TensorArray(e.dtype, size=steps, element_shape=e.shape[1:]).unstack(e)
-              for e in flat_elems]
+    arrays = [
+        tf.TensorArray(e.dtype, size=steps, element_shape=e.shape[1:]).unstack(e)
+        for e in flat_elems
+    ]
     flat_init = [tf.convert_to_tensor(x) for x in tf.nest.flatten(initializer)]
-    lists = [list_ops.empty_tensor_list(x.shape, x.dtype, max_num_elements=steps)
-             for x in flat_init]
+    lists = [
+        list_ops.empty_tensor_list(x.shape, x.dtype, max_num_elements=steps) for x in flat_init
+    ]
 
     def body(t, carry, lists):
         inputs = tf.nest.pack_sequence_as(elems, [array.read(t) for array in arrays])
         new = tf.nest.flatten(fn(tf.nest.pack_sequence_as(initializer, carry), inputs))
         return t + 1, new, [list_ops.tensor_list_push_back(out, x) for out, x in zip(lists, new)]
 
-    _, _, lists = tf.while_loop(lambda t, *_: t < steps, body,
-                                (tf.constant(0), flat_init, lists), maximum_iterations=steps)
-    return tf.nest.pack_sequence_as(initializer, [
-        list_ops.tensor_list_stack(out, x.dtype, num_elements=steps, element_shape=x.shape)
-        for out, x in zip(lists, flat_init)])
+    _, _, lists = tf.while_loop(
+        lambda t, *_: t < steps, body, (tf.constant(0), flat_init, lists), maximum_iterations=steps
+    )
+    return tf.nest.pack_sequence_as(
+        initializer,
+        [
+            list_ops.tensor_list_stack(out, x.dtype, num_elements=steps, element_shape=x.shape)
+            for out, x in zip(lists, flat_init)
+        ],
+    )
 
 
 def _through_cond(x, decider=None):
@@ -57,6 +65,7 @@ def materialized(x, decider=None):
     which XLA then computes from `x`'s operands in a fusion of its own, and may materialise
     them for it.
     """
+
     @tf.custom_gradient
     def identity(x):
         return _through_cond(x, decider), lambda dy: dy

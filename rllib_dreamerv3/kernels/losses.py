@@ -11,8 +11,12 @@ import tensorflow as tf
 from rllib_dreamerv3 import losses, math_ops
 from rllib_dreamerv3.kernels import layers, rssm
 from rllib_dreamerv3.kernels.loops import materialized_gradient
-from rllib_dreamerv3.kernels.two_hot import (masked_columns, two_hot_cross_entropy, two_hot_loss,
-                                             two_hot_stats)
+from rllib_dreamerv3.kernels.two_hot import (
+    masked_columns,
+    two_hot_cross_entropy,
+    two_hot_loss,
+    two_hot_stats,
+)
 from rllib_dreamerv3.losses import Imagination
 
 sg = tf.stop_gradient
@@ -28,13 +32,15 @@ def world_model_loss(model, batch, seeds, hp):
     decoder_loss = layers.decoder_loss(wm.decoder, feat, obs)
     # The two-hot head's softmax is shifted by its mean logit (see two_hot_stats), which the
     # head returns for the price of a matrix-vector product.
-    reward_logits, reward_mean = layers.mlp_with_mean(wm.reward_head, feat,
-                                                      masked_out=masked_columns(wm.bins.shape[0]))
+    reward_logits, reward_mean = layers.mlp_with_mean(
+        wm.reward_head, feat, masked_out=masked_columns(wm.bins.shape[0])
+    )
     reward_loss = two_hot_loss(reward_logits, rewards, wm.bins, reward_mean)
     continue_logit = layers.mlp(wm.continue_head, feat)[..., 0]
     continue_loss = tf.nn.sigmoid_cross_entropy_with_logits(cont, continue_logit)
-    loss, metrics = losses.combine_world_model_loss(wm, decoder_loss, reward_loss, continue_loss,
-                                                    post, prior, hp)
+    loss, metrics = losses.combine_world_model_loss(
+        wm, decoder_loss, reward_loss, continue_loss, post, prior, hp
+    )
     return loss, metrics, (h, z)
 
 
@@ -57,8 +63,9 @@ def imagine(model, h, z, horizon, seeds):
         actions.append(action)
         dists.append(dist)
     dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
-    return Imagination(tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dists,
-                       tf.stack(indices, 0))
+    return Imagination(
+        tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dists, tf.stack(indices, 0)
+    )
 
 
 def actor_critic_losses(model, imagined, start_cont, hp):
@@ -71,8 +78,9 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     masked = masked_columns(critic.bins.shape[0])
     h = sg(h_grad)
     # With continuous actions the returns backpropagate into the actor through the rewards.
-    reward_logits, reward_mean = rssm.head(wm, wm.reward_head, h_grad[1:], z_index[1:],
-                                           z_grad[1:], masked, with_mean=True)
+    reward_logits, reward_mean = rssm.head(
+        wm, wm.reward_head, h_grad[1:], z_index[1:], z_grad[1:], masked, with_mean=True
+    )
     reward = two_hot_stats(reward_logits, wm.bins, reward_mean)[0]
     reward = tf.concat([tf.zeros_like(start_cont)[None], reward], 0)
     cont_logit = rssm.head(wm, wm.continue_head, h[1:], z_index[1:])[..., 0]
@@ -83,24 +91,32 @@ def actor_critic_losses(model, imagined, start_cont, hp):
     # critic runs on the states with their gradient; the critic loss is differentiated w.r.t.
     # the critic's variables only, so this path to the states does not affect it.
     critic_logits, critic_mean = (
-        rssm.head(wm, critic.mlp, h, z_index, None, masked, with_mean=True) if actor.discrete
-        else rssm.head(wm, critic.mlp, h_grad, z_index, z_grad, masked, with_mean=True))
+        rssm.head(wm, critic.mlp, h, z_index, None, masked, with_mean=True)
+        if actor.discrete
+        else rssm.head(wm, critic.mlp, h_grad, z_index, z_grad, masked, with_mean=True)
+    )
     value, log_normalizer = two_hot_stats(critic_logits, critic.bins, critic_mean, keep_exp=True)
     returns = math_ops.lambda_returns(reward, cont, value, hp.gamma, hp.gae_lambda)  # [H, N]
     weights = math_ops.trajectory_weights(cont, hp.gamma)
 
-    ema_logits, ema_mean = rssm.head(wm, model.critic_ema.mlp, h[:-1], z_index[:-1], None,
-                                     masked, with_mean=True)
+    ema_logits, ema_mean = rssm.head(
+        wm, model.critic_ema.mlp, h[:-1], z_index[:-1], None, masked, with_mean=True
+    )
     ema_value = two_hot_stats(ema_logits, critic.bins, ema_mean)[0]
     # The cross-entropies towards the returns and towards the slow critic's values share the
     # logits: one pass. It runs on all H + 1 states with weight 0 on the last (which has no
     # return), so that the logits' gradient needs no slice and pad.
     no_return = tf.zeros_like(start_cont)[None]
     cross_entropy = two_hot_cross_entropy(
-        critic_logits, log_normalizer,
+        critic_logits,
+        log_normalizer,
         [tf.concat([returns, no_return], 0), tf.concat([ema_value, no_return], 0)],
-        [1.0, hp.critic_ema_regularizer], critic.bins)  # [H + 1, N]
-    critic_loss = (tf.reduce_sum(tf.concat([sg(weights), no_return], 0) * cross_entropy)
-                   / tf.cast(tf.size(weights), tf.float32))  # the mean over the H steps
-    return losses.actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights,
-                                         critic_loss, hp)
+        [1.0, hp.critic_ema_regularizer],
+        critic.bins,
+    )  # [H + 1, N]
+    critic_loss = tf.reduce_sum(tf.concat([sg(weights), no_return], 0) * cross_entropy) / tf.cast(
+        tf.size(weights), tf.float32
+    )  # the mean over the H steps
+    return losses.actor_loss_and_metrics(
+        model, imagined, reward, cont, value, returns, weights, critic_loss, hp
+    )

@@ -37,8 +37,9 @@ def head(wm, net, h, index, z=None, masked_out=0, with_mean=False):
     `index`. The variables' gradients are those of `net(concat([h, z]))`; so are `z`'s if `z`
     is given, else no gradient reaches `z`. `masked_out`, `with_mean`: see
     :func:`~.layers.mlp` and :func:`~.layers.mlp_with_mean`."""
-    rest = layers.onehot_partial(net.blocks[0].dense, index, wm.size.gru_units,
-                                 wm.size.num_classes, z)
+    rest = layers.onehot_partial(
+        net.blocks[0].dense, index, wm.size.gru_units, wm.size.num_classes, z
+    )
     if with_mean:
         return layers.mlp_with_mean(net, h, rest, masked_out)
     return layers.mlp(net, h, rest, masked_out=masked_out)
@@ -57,8 +58,9 @@ def sequence_step(wm, h, z, action, index=None, weights=None):
         x = layers.dense_block(block, tf.concat([z, action], -1), weights=weights)
     else:
         dense = block.dense
-        pre = (layers.onehot_partial(dense, index, 0, wm.size.num_classes, z, weights)
-               + layers.dense_partial(dense, action, wm.stoch_dim, dense.w.shape[0], weights))
+        pre = layers.onehot_partial(
+            dense, index, 0, wm.size.num_classes, z, weights
+        ) + layers.dense_partial(dense, action, wm.stoch_dim, dense.w.shape[0], weights)
         x = layers.activate(block, pre, weights)
     return layers.gru(wm.gru, x, h, weights)
 
@@ -105,6 +107,5 @@ def observe(wm, embed, prev_action, is_first, seeds):
 
     embed_part = layers.first_layer_part(wm.posterior_net, embed, units)
     h, z, post = scan(step, (embed_part, prev_action, is_first, seeds), state)[:3]
-    prior = tf.reshape(prior_logits(wm, tf.reshape(h, [-1, units])),
-                       [-1, batch, *wm.stoch_shape])
+    prior = tf.reshape(prior_logits(wm, tf.reshape(h, [-1, units])), [-1, batch, *wm.stoch_shape])
     return h, z, post, prior

@@ -26,8 +26,10 @@ def masked_columns(num_bins, multiple=16):
 def _check_width(bins, width):
     """Raise unless logits of `width` columns have one per bin (plus masked columns)."""
     if width is None or width < bins.shape[0]:
-        raise ValueError(f"two-hot logits have {width} columns for {bins.shape[0]} bins; they "
-                         "need one per bin (plus masked columns, see masked_columns).")
+        raise ValueError(
+            f"two-hot logits have {width} columns for {bins.shape[0]} bins; they "
+            "need one per bin (plus masked columns, see masked_columns)."
+        )
 
 
 def _padded_bins(bins, width):
@@ -50,9 +52,10 @@ def two_hot_stats(logits, bins, shift=None, keep_exp=False):
     its own, and XLA:CPU reduces rows of 255 bins slowly; the row's mean logit, which
     :func:`~.layers.mlp_with_mean` gets from the output layer's input for the price of a
     matrix-vector product, is the fast one. Rows are checked: if any overflowed, all are
-    recomputed with the maximum. The sums over the bins are matrix-vector products (XLA:CPU computes them with the
-    exponentials fused in), and the gradient `softmax * (d_lse + d_mean' * (bins - expected))` is
-    one elementwise pass, where a log-softmax and its gradient take several.
+    recomputed with the maximum. The sums over the bins are matrix-vector products (XLA:CPU
+    computes them with the exponentials fused in), and the gradient
+    `softmax * (d_lse + d_mean' * (bins - expected))` is one elementwise pass, where a
+    log-softmax and its gradient take several.
 
     `keep_exp`: keep the forward pass's exponentials for the gradient, which then scales them
     (`softmax = exp(logits - shift) / sum`) instead of exponentiating the logits again: one
@@ -83,8 +86,10 @@ def two_hot_stats(logits, bins, shift=None, keep_exp=False):
             given = tf.stop_gradient(tf.reshape(tf.cast(shift, tf.float32), [-1, 1]))
             out = normaliser_and_expected(given)
             out = tf.cond(
-                tf.reduce_all(tf.math.is_finite(out[0])), lambda: out,
-                lambda: normaliser_and_expected(tf.reduce_max(flat, -1, keepdims=True)))
+                tf.reduce_all(tf.math.is_finite(out[0])),
+                lambda: out,
+                lambda: normaliser_and_expected(tf.reduce_max(flat, -1, keepdims=True)),
+            )
         lse, expected = out[:2]
 
         def grad(d_lse, d_expected):
@@ -114,8 +119,10 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
     trailing masked columns, as in :func:`two_hot_stats`.
     """
     if len(targets) != len(weights) or not targets:
-        raise ValueError(f"two_hot_cross_entropy: {len(targets)} targets and {len(weights)} "
-                         "weights; give one weight per target (at least one).")
+        raise ValueError(
+            f"two_hot_cross_entropy: {len(targets)} targets and {len(weights)} "
+            "weights; give one weight per target (at least one)."
+        )
     logits = tf.convert_to_tensor(logits, tf.float32)
     num_bins = logits.shape[-1]
     _check_width(bins, num_bins)
@@ -131,8 +138,12 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
             out += weight * ((1.0 - above) * pair[:, 0] + above * pair[:, 1])
 
         def grad(dy):
-            labels = tf.add_n([weight * two_hot_from_parts(below, above, num_bins)
-                               for (below, above), weight in zip(parts, weights)])
+            labels = tf.add_n(
+                [
+                    weight * two_hot_from_parts(below, above, num_bins)
+                    for (below, above), weight in zip(parts, weights)
+                ]
+            )
             return dy[:, None] * labels
 
         return out, grad
@@ -144,7 +155,6 @@ def two_hot_cross_entropy(logits, log_normalizer, targets, weights, bins):
 def two_hot_loss(logits, target, bins, shift=None):
     """Cross-entropy of a two-hot head towards a real-space `target` (symlog'ed here), [...].
     `shift`: as in :func:`two_hot_stats`."""
-    return two_hot_cross_entropy(logits, two_hot_stats(logits, bins, shift)[1], [target], [1.0],
-                                 bins)
-
-
+    return two_hot_cross_entropy(
+        logits, two_hot_stats(logits, bins, shift)[1], [target], [1.0], bins
+    )

@@ -8,11 +8,24 @@
   run-time patch that keep TF working inside Ray.
 """
 
-from rllib_dreamerv3.tf_rllib.compat import (PINNED_RAY_VERSION, apply_ray_patches,
-                                             ensure_tf2_behavior, limit_tf_threads)
+from rllib_dreamerv3.tf_rllib.compat import (
+    PINNED_RAY_VERSION,
+    apply_ray_patches,
+    ensure_tf2_behavior,
+    limit_tf_threads,
+)
 from rllib_dreamerv3.tf_rllib.tensors import to_numpy, to_tensor
 from rllib_dreamerv3.tf_rllib.tf_learner import TfLearner, make_adam
 from rllib_dreamerv3.tf_rllib.tf_rl_module import TfRLModule
 
-__all__ = ["PINNED_RAY_VERSION", "TfLearner", "TfRLModule", "apply_ray_patches",
-           "ensure_tf2_behavior", "limit_tf_threads", "make_adam", "to_numpy", "to_tensor"]
+__all__ = [
+    "PINNED_RAY_VERSION",
+    "TfLearner",
+    "TfRLModule",
+    "apply_ray_patches",
+    "ensure_tf2_behavior",
+    "limit_tf_threads",
+    "make_adam",
+    "to_numpy",
+    "to_tensor",
+]

@@ -70,7 +70,10 @@ def apply_ray_patches():
         logger.warning(
             "rllib_dreamerv3 was written for ray==%s but ray==%s is installed: run-time patches "
             "are not applied, so num_learners >= 1 may fail. Install ray[rllib]==%s.",
-            PINNED_RAY_VERSION, ray.__version__, PINNED_RAY_VERSION)
+            PINNED_RAY_VERSION,
+            ray.__version__,
+            PINNED_RAY_VERSION,
+        )
         return []
     applied = []
     if not getattr(learner_group._get_backend_config, "_rllib_dreamerv3_patch", False):

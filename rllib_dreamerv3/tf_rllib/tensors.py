@@ -23,4 +23,5 @@ def to_tensor(tree):
 def to_numpy(tree):
     """Convert every `tf.Tensor`/`tf.Variable` leaf of a nested structure to numpy."""
     return tf.nest.map_structure(
-        lambda x: x.numpy() if isinstance(x, (tf.Tensor, tf.Variable)) else x, tree)
+        lambda x: x.numpy() if isinstance(x, (tf.Tensor, tf.Variable)) else x, tree
+    )

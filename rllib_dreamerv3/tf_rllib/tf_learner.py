@@ -52,7 +52,8 @@ class TfLearner(Learner):
     def _convert_batch_type(self, batch, to_device=False, pin_memory=False, use_stream=False):
         return MultiAgentBatch(
             {mid: SampleBatch(to_tensor(dict(b))) for mid, b in batch.policy_batches.items()},
-            env_steps=batch.env_steps())
+            env_steps=batch.env_steps(),
+        )
 
     def _get_tensor_variable(self, value, dtype=None, trainable=False):
         return tf.Variable(value, trainable=trainable, dtype=dtype)
@@ -81,15 +82,18 @@ class TfLearner(Learner):
         if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
             raise TypeError(
                 f"TfLearner optimizers must be tf_keras optimizers, got {type(optimizer)}; "
-                "create them with rllib_dreamerv3.tf_rllib.make_adam().")
+                "create them with rllib_dreamerv3.tf_rllib.make_adam()."
+            )
         for param in params:
             if not isinstance(param, tf.Variable):
                 raise TypeError(f"Optimizer parameters must be tf.Variables, got {type(param)}.")
 
     def _get_optimizer_state(self):
         return {
-            name: {"module_id": self._optimizer_name_to_module[name],
-                   "variables": [v.numpy() for v in optimizer.variables]}
+            name: {
+                "module_id": self._optimizer_name_to_module[name],
+                "variables": [v.numpy() for v in optimizer.variables],
+            }
             for name, optimizer in self._named_optimizers.items()
         }
 
@@ -99,14 +103,17 @@ class TfLearner(Learner):
             if name not in self._named_optimizers:
                 raise ValueError(
                     f"Optimizer {name!r} in the state does not exist in this Learner "
-                    f"(it has {sorted(self._named_optimizers)}).")
+                    f"(it has {sorted(self._named_optimizers)})."
+                )
             variables = self._named_optimizers[name].variables
             if len(variables) != len(entry["variables"]) or any(
-                    tuple(v.shape) != tuple(value.shape)
-                    for v, value in zip(variables, entry["variables"])):
+                tuple(v.shape) != tuple(value.shape)
+                for v, value in zip(variables, entry["variables"])
+            ):
                 raise ValueError(
                     f"Optimizer {name!r}'s variables do not match the state's (counts or "
-                    "shapes differ): the state comes from a different model.")
+                    "shapes differ): the state comes from a different model."
+                )
         for name, entry in state.items():
             for var, value in zip(self._named_optimizers[name].variables, entry["variables"]):
                 var.assign(value)
@@ -114,15 +121,15 @@ class TfLearner(Learner):
     # --- gradients and the default update -------------------------------------------------------
     def compute_gradients(self, loss_per_module, gradient_tape=None, **kwargs):
         if gradient_tape is None:
-            raise ValueError("TfLearner.compute_gradients needs the `gradient_tape` that "
-                             "recorded the losses.")
+            raise ValueError(
+                "TfLearner.compute_gradients needs the `gradient_tape` that recorded the losses."
+            )
         refs = list(self._params)
         total = tf.add_n(list(loss_per_module.values()))
         grads = gradient_tape.gradient(total, [self._params[r] for r in refs])
         return {ref: g for ref, g in zip(refs, grads) if g is not None}
 
-    def postprocess_gradients_for_module(self, *, module_id, config=None,
-                                         module_gradients_dict):
+    def postprocess_gradients_for_module(self, *, module_id, config=None, module_gradients_dict):
         """Clip each optimizer's gradients as `config.grad_clip[_by]` says; trace-safe logging.
 
         The global norm per optimizer is reported (as RLlib's torch Learner does) when clipping
@@ -150,8 +157,11 @@ class TfLearner(Learner):
 
     def apply_gradients(self, gradients_dict):
         for optimizer in self._named_optimizers.values():
-            pairs = [(gradients_dict[ref], self._params[ref])
-                     for ref in self._optimizer_parameters[optimizer] if ref in gradients_dict]
+            pairs = [
+                (gradients_dict[ref], self._params[ref])
+                for ref in self._optimizer_parameters[optimizer]
+                if ref in gradients_dict
+            ]
             if pairs:
                 optimizer.apply_gradients(pairs)
 
@@ -170,10 +180,10 @@ class TfLearner(Learner):
             def update(batch):
                 return self._traced_update(batch)
 
-            self._compiled_update = tf.function(update, autograph=False,
-                                                jit_compile=self.jit_compile)
-        fwd_out, losses, metrics = self._compiled_update(
-            {mid: dict(b) for mid, b in batch.items()})
+            self._compiled_update = tf.function(
+                update, autograph=False, jit_compile=self.jit_compile
+            )
+        fwd_out, losses, metrics = self._compiled_update({mid: dict(b) for mid, b in batch.items()})
         for key, value in metrics.items():
             self.metrics.log_value(key, value, window=1)
         return fwd_out, losses, {}

@@ -42,7 +42,8 @@ class TfRLModule(RLModule):
                 if type(value).__module__.startswith("keras"):
                     raise TypeError(
                         f"{type(self).__name__}.{attr} is a Keras 3 object; TfRLModule tracks "
-                        "tf.Module attributes only. Wrap it in a tf.Module or use tf_keras.")
+                        "tf.Module attributes only. Wrap it in a tf.Module or use tf_keras."
+                    )
                 continue
             for path, var in value._flatten(predicate=_is_variable, with_path=True):
                 if var.ref() not in seen:
@@ -56,14 +57,19 @@ class TfRLModule(RLModule):
         return [v for v in self.tf_variables().values() if v.trainable]
 
     def _included(self, name, inference_only):
-        excluded = any(name == prefix or name.startswith(prefix.rstrip("/") + "/")
-                       for prefix in self.inference_only_excluded)
+        excluded = any(
+            name == prefix or name.startswith(prefix.rstrip("/") + "/")
+            for prefix in self.inference_only_excluded
+        )
         return not (inference_only and excluded)
 
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kwargs):
         """`{path: numpy array}`; with `inference_only`, without the excluded prefixes."""
-        return {name: var.numpy() for name, var in self.tf_variables().items()
-                if self._included(name, inference_only)}
+        return {
+            name: var.numpy()
+            for name, var in self.tf_variables().items()
+            if self._included(name, inference_only)
+        }
 
     def set_state(self, state):
         """Assign the arrays of `state` (a full or partial :meth:`get_state` dict).
@@ -75,11 +81,13 @@ class TfRLModule(RLModule):
             if name not in variables:
                 raise ValueError(
                     f"State entry {name!r} matches no variable of {type(self).__name__}; the "
-                    "state comes from a different model (check model_size and the spaces).")
+                    "state comes from a different model (check model_size and the spaces)."
+                )
             if tuple(variables[name].shape) != np.shape(value):
                 raise ValueError(
                     f"State entry {name!r} has shape {np.shape(value)}, the variable "
                     f"{tuple(variables[name].shape)}; the state comes from a differently sized "
-                    "model.")
+                    "model."
+                )
         for name, value in state.items():
             variables[name].assign(value)

@@ -17,26 +17,36 @@ import textwrap  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402  (before ray.rllib, which would switch TF to v1 mode)
-
 import ray  # noqa: E402
+import tensorflow as tf  # noqa: E402  (before ray.rllib, which would switch TF to v1 mode)
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME  # noqa: E402
 
-from rllib_dreamerv3.tf_rllib import (PINNED_RAY_VERSION, TfLearner, TfRLModule,  # noqa: E402
-                                      apply_ray_patches, make_adam, to_numpy, to_tensor)
+from rllib_dreamerv3.tf_rllib import (  # noqa: E402
+    PINNED_RAY_VERSION,
+    TfLearner,
+    TfRLModule,
+    apply_ray_patches,
+    make_adam,
+    to_numpy,
+    to_tensor,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OBS_DIM = 3
 TRUE_W = np.array([1.0, -2.0, 0.5])
 TRUE_B = 0.3
-SPACES = {DEFAULT_MODULE_ID: (gym.spaces.Box(-10.0, 10.0, (OBS_DIM,), np.float32),
-                              gym.spaces.Box(-10.0, 10.0, (1,), np.float32))}
+SPACES = {
+    DEFAULT_MODULE_ID: (
+        gym.spaces.Box(-10.0, 10.0, (OBS_DIM,), np.float32),
+        gym.spaces.Box(-10.0, 10.0, (1,), np.float32),
+    )
+}
 MID = DEFAULT_MODULE_ID
-NET_OPT = f"{MID}_net"    # full registration names: module_id + "_" + optimizer_name
+NET_OPT = f"{MID}_net"  # full registration names: module_id + "_" + optimizer_name
 HEAD_OPT = f"{MID}_head"
 
 
@@ -73,9 +83,13 @@ class ToyLearner(TfLearner):
         module = self.module[module_id]
         for name in ("net", "head"):
             params = list(getattr(module, name).trainable_variables)
-            self.register_optimizer(module_id=module_id, optimizer_name=name,
-                                    optimizer=make_adam(config.lr, 1e-8, params), params=params,
-                                    lr_or_lr_schedule=config.lr)
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name=name,
+                optimizer=make_adam(config.lr, 1e-8, params),
+                params=params,
+                lr_or_lr_schedule=config.lr,
+            )
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         return tf.reduce_mean(tf.square(fwd_out["pred"] - batch["y"]))
@@ -95,8 +109,12 @@ class ToyConfig(AlgorithmConfig):
 
 def make_module(seed=None, inference_only=False):
     obs_space, act_space = SPACES[MID]
-    return ToyModule(observation_space=obs_space, action_space=act_space,
-                     inference_only=inference_only, model_config={"seed": seed})
+    return ToyModule(
+        observation_space=obs_space,
+        action_space=act_space,
+        inference_only=inference_only,
+        model_config={"seed": seed},
+    )
 
 
 def make_config(lr=0.05, grad_clip=None, seed=0):
@@ -158,7 +176,8 @@ def test_module_get_state_is_numpy_keyed_by_attribute_path():
     assert not np.any(module.net.w.numpy() == 123.0)
     # Every trainable variable of the tf.Module attributes, in the same sorted order.
     assert [v.ref() for v in module.trainable_variables] == [
-        v.ref() for v in (module.head.b, module.head.w, module.net.b, module.net.w)]
+        v.ref() for v in (module.head.b, module.head.w, module.net.b, module.net.w)
+    ]
 
 
 def test_module_inference_only_state_omits_excluded_prefix():
@@ -244,8 +263,12 @@ def test_learner_grad_clip_logs_and_applies_per_optimizer_global_norm():
         for param, m in zip(params, optimizer._momentums):
             g = grads[paths[param.ref()]]
             np.testing.assert_allclose(
-                m.numpy(), (1 - optimizer.beta_1) * g * clip / expected[name], rtol=1e-4,
-                atol=1e-7, err_msg=paths[param.ref()])
+                m.numpy(),
+                (1 - optimizer.beta_1) * g * clip / expected[name],
+                rtol=1e-4,
+                atol=1e-7,
+                err_msg=paths[param.ref()],
+            )
 
 
 def test_learner_without_grad_clip_logs_no_norm():
@@ -284,8 +307,11 @@ def test_learner_state_round_trip_restores_optimizer_moments():
         update(a, other_data)
     state = a.get_state()
     assert set(state["optimizer"]) == {NET_OPT, HEAD_OPT}
-    assert all(isinstance(v, (np.ndarray, np.generic))  # numpy only: pickles into checkpoints
-               for entry in state["optimizer"].values() for v in entry["variables"])
+    assert all(
+        isinstance(v, (np.ndarray, np.generic))  # numpy only: pickles into checkpoints
+        for entry in state["optimizer"].values()
+        for v in entry["variables"]
+    )
 
     b = make_learner(lr=0.05, seed=3)
     b.set_state(state)
@@ -300,10 +326,11 @@ def test_learner_state_round_trip_restores_optimizer_moments():
     for learner in (a, b, c):
         update(learner, data)
     for name, array in weights(a).items():
-        np.testing.assert_allclose(weights(b)[name], array, rtol=1e-6, atol=1e-7,
-                                   err_msg=name)
-    assert any(not np.allclose(weights(c)[name], array, rtol=1e-4, atol=1e-5)
-               for name, array in weights(a).items()), "control: moments should matter"
+        np.testing.assert_allclose(weights(b)[name], array, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert any(
+        not np.allclose(weights(c)[name], array, rtol=1e-4, atol=1e-5)
+        for name, array in weights(a).items()
+    ), "control: moments should matter"
 
 
 def test_learner_set_optimizer_state_rejects_mismatched_state():
@@ -330,9 +357,11 @@ def test_compiled_update_traces_once_for_same_shapes():
 def test_to_tensor_and_to_numpy():
     tree = {
         "f64": np.array([[1.5, -2.0]], np.float64),
-        "nested": {"i64": np.array([1, 2, 3], np.int64),
-                   "list": [np.array([1], np.int32), np.array([0.5], np.float32)],
-                   "bool": np.array([True, False])},
+        "nested": {
+            "i64": np.array([1, 2, 3], np.int64),
+            "list": [np.array([1], np.int32), np.array([0.5], np.float32)],
+            "bool": np.array([True, False]),
+        },
         "python": 3,
     }
     tensors = to_tensor(tree)
@@ -357,9 +386,12 @@ def test_to_tensor_and_to_numpy():
 
 # --- 5. compat ----------------------------------------------------------------------------------
 def _original_get_backend_config(patched):
-    originals = [c.cell_contents for c in (patched.__closure__ or ())
-                 if callable(c.cell_contents)
-                 and getattr(c.cell_contents, "__name__", "") == "_get_backend_config"]
+    originals = [
+        c.cell_contents
+        for c in (patched.__closure__ or ())
+        if callable(c.cell_contents)
+        and getattr(c.cell_contents, "__name__", "") == "_get_backend_config"
+    ]
     assert len(originals) == 1, "the patch no longer wraps Ray's `_get_backend_config`"
     return originals[0]
 
@@ -423,17 +455,24 @@ def test_ensure_tf2_behavior_undoes_disable_v2_behavior():
         out["again"] = probe()
         print("RESULT" + json.dumps(out))
     """)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH"))
-                                          if p))
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    out = json.loads(line[len("RESULT"):])
+    out = json.loads(line[len("RESULT") :])
     # Without the call, `==` is Python identity (TF1 semantics): the test is meaningful.
-    assert out["before"] == {"tf2": False, "eager": True, "eq_is_bool": True,
-                             "eq_is_tensor": False}
+    assert out["before"] == {"tf2": False, "eager": True, "eq_is_bool": True, "eq_is_tensor": False}
     expected = {"tf2": True, "eager": True, "eq_is_bool": False, "eq_is_tensor": True}
     assert out["after"] == expected
     assert out["again"] == expected
@@ -449,9 +488,12 @@ def ray_cluster():
     started = not ray.is_initialized()
     if started:
         pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath,
-                                           "TF_CPP_MIN_LOG_LEVEL": "2"}})
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "TF_CPP_MIN_LOG_LEVEL": "2"}},
+        )
     try:
         yield
     finally:
@@ -472,15 +514,18 @@ def test_remote_learner_group_updates(ray_cluster):
     group = config.build_learner_group(spaces=SPACES)
     try:
         assert group.is_remote
-        results = group.update(batch=as_batch(data),
-                               timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
+        results = group.update(batch=as_batch(data), timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 0})
         assert isinstance(results, list) and len(results) == 1
         loss = value(results[0][MID]["total_loss"])
         assert np.isfinite(loss)
         np.testing.assert_allclose(loss, expected, rtol=1e-5)
         # The actor runs TF with TF2 semantics, and its weights moved.
-        remote = [r.get() for r in group.foreach_learner(
-            lambda learner: (tf2.enabled(), learner.module[MID].get_state()))]
+        remote = [
+            r.get()
+            for r in group.foreach_learner(
+                lambda learner: (tf2.enabled(), learner.module[MID].get_state())
+            )
+        ]
         assert len(remote) == 1
         enabled, remote_weights = remote[0]
         assert enabled
