@@ -36,6 +36,7 @@ from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
 from rllib_dreamerv3.learner import DreamerV3Learner
 from rllib_dreamerv3.model_sizes import MODEL_SIZES
+from rllib_dreamerv3.progress import log_progress
 from rllib_dreamerv3.replay_buffer import ReplayBuffer, bytes_per_step
 from rllib_dreamerv3.rl_module import DreamerV3RLModule
 from rllib_dreamerv3.spaces import action_dim, check_spaces, obs_storage_dtype
@@ -122,6 +123,11 @@ HYPERPARAMETERS = {
         "EnvRunners step half their envs while the policy acts for the other half "
         "(True/False; 'auto': on for image observations with >= 2 envs per runner)",
     ),
+    "log_progress": (
+        True,
+        "log one progress line per train() iteration outside Ray Tune (logger "
+        "rllib_dreamerv3.progress, to stdout)",
+    ),
 }
 
 _POSITIVE_INTS = (
@@ -147,7 +153,7 @@ _POSITIVE_FLOATS = (
 PRECISIONS = ("float32", "bfloat16")
 _NON_NEGATIVE_INTS = ("dream_every_n_updates", "max_skipped_updates_in_a_row")
 NONFINITE_ENV_DATA = ("raise", "skip")
-_BOOLS = ("fast_kernels",)
+_BOOLS = ("fast_kernels", "log_progress")
 _NON_NEGATIVE = (
     "entropy_scale",
     "free_bits",
@@ -312,6 +318,7 @@ class DreamerV3Config(AlgorithmConfig):
         nonfinite_env_data: str = NotProvided,
         max_skipped_updates_in_a_row: int = NotProvided,
         overlap_policy_and_envs: bool | str = NotProvided,
+        log_progress: bool = NotProvided,
         **kwargs,
     ):
         arguments = dict(locals())  # the parameters by name: no other local exists yet
@@ -330,6 +337,10 @@ class DreamerV3Config(AlgorithmConfig):
 
     training.__signature__ = _signature_with_table_defaults(training)
     training.__doc__ = _training_doc()
+
+    def build(self, *args, **kwargs):
+        """:meth:`build_algo` (RLlib 2.60 deprecates `build`; here it stays an alias)."""
+        return self.build_algo(*args, **kwargs)
 
     def get_default_learner_class(self):
         return DreamerV3Learner
@@ -681,6 +692,14 @@ class DreamerV3(Algorithm):
         batch = self.replay_buffer.sample(self.config.batch_size_B)
         results = self.learner_group.foreach_learner(lambda learner: learner.dreams(batch))
         return next(iter(results)).get()
+
+    def train(self):
+        """One training iteration (RLlib's `train()`). Outside Ray Tune it also logs a progress
+        line (:mod:`rllib_dreamerv3.progress`) unless `log_progress=False`."""
+        result = super().train()
+        if self.config.log_progress and self._trial_info is None:
+            log_progress(result)
+        return result
 
     def step(self):
         """One `train()` iteration; adds `dreams` (see :mod:`rllib_dreamerv3.dreams`) to the

@@ -30,6 +30,8 @@ from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
+from rllib_dreamerv3.progress import format_number as fmt
+from rllib_dreamerv3.progress import progress_line
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
@@ -49,8 +51,6 @@ CHECKPOINT_CONFIG_KEYS = (
     "checkpoint_score_attribute",
     "checkpoint_score_order",
 )
-# The learner-side metrics shown in the progress line, in this order.
-PROGRESS_LOSSES = ("L_world_model", "L_actor", "L_critic")
 _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
 
 # The result keys that `stop` criteria name, '/'-separated where nested (Tune flattens results).
@@ -444,38 +444,6 @@ def apply_overrides(experiments, args):
 
 
 # --- training with Tune ---------------------------------------------------------------------------
-def _nested(result, *keys):
-    for key in keys:
-        if not isinstance(result, dict) or key not in result:
-            return None
-        result = result[key]
-    return result
-
-
-def _fmt(value, digits=4):
-    if value is None:
-        return "-"
-    value = float(value)
-    return f"{value:.{digits}g}" if math.isfinite(value) else str(value)
-
-
-def progress_line(trial_name, result):
-    """One line per training iteration: env steps, return, losses, wall time."""
-    learner = _nested(result, "learners", "default_policy") or {}
-    parts = [
-        f"{trial_name} iter {result.get('training_iteration', '?')}",
-        f"env steps {int(_nested(result, 'env_runners', 'num_env_steps_sampled_lifetime') or 0)}",
-        f"updates {int(result.get('num_updates_lifetime') or 0)}",
-        f"return {_fmt(_nested(result, 'env_runners', 'episode_return_mean'))}",
-    ]
-    evaluation = _nested(result, "evaluation", "env_runners", "episode_return_mean")
-    if evaluation is not None:
-        parts.append(f"eval return {_fmt(evaluation)}")
-    parts.append(" ".join(f"{k} {_fmt(learner.get(k))}" for k in PROGRESS_LOSSES))
-    parts.append(f"{result.get('time_total_s', 0.0):.0f} s")
-    return " | ".join(parts)
-
-
 class ProgressLines(tune.Callback):
     """Print `progress_line` for every result Tune receives."""
 
@@ -972,8 +940,8 @@ def _evaluate_command(args):
         mode = "sampled" if args.explore else "greedy"
         print(
             f"{result['episodes']} {mode} episodes of {result['env']}: return mean "
-            f"{_fmt(result['return_mean'])}, min {_fmt(result['return_min'])}, max "
-            f"{_fmt(result['return_max'])}; length mean {_fmt(result['length_mean'])} "
+            f"{fmt(result['return_mean'])}, min {fmt(result['return_min'])}, max "
+            f"{fmt(result['return_max'])}; length mean {fmt(result['length_mean'])} "
             f"({time.time() - start:.0f} s)"
         )
     if args.video_dir:

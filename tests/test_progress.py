@@ -1,0 +1,61 @@
+"""The progress line that `DreamerV3.train()` logs outside Ray Tune."""
+
+from types import SimpleNamespace
+
+import pytest
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.tune.trainable import Trainable
+
+from rllib_dreamerv3 import DreamerV3, DreamerV3Config
+from rllib_dreamerv3.progress import progress_line
+
+RESULT = {
+    "training_iteration": 3,
+    "env_runners": {"num_env_steps_sampled_lifetime": 1500, "episode_return_mean": 21.5},
+    "num_updates_lifetime": 40,
+    "learners": {"default_policy": {"L_world_model": 12.345678, "L_actor": -0.5}},
+    "time_total_s": 61.7,
+}
+LINE = (
+    "DreamerV3 iter 3 | env steps 1500 | updates 40 | return 21.5 | "
+    "L_world_model 12.35 L_actor -0.5 L_critic - | 62 s"
+)
+
+
+def test_progress_line_names_steps_return_losses_and_time():
+    assert progress_line("DreamerV3", RESULT) == LINE
+
+
+@pytest.mark.parametrize(
+    "log_progress, trial_info, printed",
+    [(True, None, True), (False, None, False), (True, object(), False)],
+)
+def test_train_logs_one_line_outside_tune_unless_switched_off(
+    log_progress, trial_info, printed, monkeypatch, capsys
+):
+    monkeypatch.setattr(Trainable, "train", lambda self: RESULT)
+    algo = object.__new__(DreamerV3)  # no env, no Ray: only what train() reads
+    algo.config = SimpleNamespace(log_progress=log_progress)
+    algo._trial_info = trial_info  # Ray Tune sets it for the trainables it runs
+    assert algo.train() is RESULT
+    assert capsys.readouterr().out == (LINE + "\n" if printed else "")
+
+
+def test_log_progress_must_be_a_bool():
+    config = DreamerV3Config().environment("CartPole-v1").training(log_progress="yes")
+    with pytest.raises(ValueError, match="log_progress='yes' must be True or False"):
+        config.validate()
+
+
+def test_build_is_build_algo_without_a_deprecation_warning(monkeypatch):
+    from ray._common import deprecation  # where RLlib's @Deprecated decorator warns
+
+    warned = []
+    monkeypatch.setattr(deprecation, "log_once", lambda key: True)  # else once per process
+    monkeypatch.setattr(deprecation, "deprecation_warning", lambda *a, **k: warned.append(a))
+    monkeypatch.setattr(DreamerV3Config, "build_algo", lambda self, *a, **k: ("built", a, k))
+    config = DreamerV3Config().environment("CartPole-v1")
+    assert config.build("env", use_copy=False) == ("built", ("env",), {"use_copy": False})
+    assert warned == []
+    AlgorithmConfig.build(config)  # RLlib's own `build` warns: the check above can fail
+    assert warned
