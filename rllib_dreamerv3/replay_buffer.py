@@ -150,15 +150,19 @@ class ReplayBuffer:
         return {key: value[slots] for key, value in self._data.items()}
 
     def get_state(self):
-        """Everything needed to restore the buffer, as numpy arrays and plain Python values."""
+        """Everything needed to restore the buffer, as numpy arrays and plain Python values.
+
+        Sized by what is stored, not by the capacity: until the buffer is full, slots are
+        written in order from 0, so only the first `size` slots hold anything (data or
+        bookkeeping); the rest are in their initial state and are not saved.
+        """
+        stored = slice(0, self._size)
         return {
-            "data": {
-                k: v[: self._size] if self._size < self.capacity else v
-                for k, v in self._data.items()
-            },
-            "stream": self._stream,
-            "index": self._index,
-            "next_slot": self._next_slot,
+            "capacity": self.capacity,
+            "data": {k: v[stored] for k, v in self._data.items()},
+            "stream": self._stream[stored],
+            "index": self._index[stored],
+            "next_slot": self._next_slot[stored],
             "stream_ids": dict(self._stream_ids),
             "length": self._length,
             "first": self._first,
@@ -181,11 +185,20 @@ class ReplayBuffer:
 
     def check_state(self, state):
         """Raise a ValueError if :meth:`set_state` could not take `state` (changes nothing)."""
-        if len(state["stream"]) != self.capacity:
+        # States written before they were sized by content hold all `capacity` slots.
+        capacity = state.get("capacity", len(state["stream"]))
+        if capacity != self.capacity:
             raise ValueError(
-                f"Replay state has capacity {len(state['stream'])}, this buffer {self.capacity}; "
+                f"Replay state has capacity {capacity}, this buffer {self.capacity}; "
                 "restore with the same replay_capacity."
             )
+        size = state["size"]
+        for key in ("stream", "index", "next_slot"):
+            if not size <= len(state[key]) <= self.capacity:
+                raise ValueError(
+                    f"Replay state's {key!r} has {len(state[key])} entries for {size} stored "
+                    f"steps and capacity {self.capacity}: the state is damaged."
+                )
         for key in FIELDS:
             stored, own = np.asarray(state["data"][key]), self._data[key]
             if stored.shape[1:] != own.shape[1:] or stored.dtype != own.dtype:
@@ -201,9 +214,15 @@ class ReplayBuffer:
         size = state["size"]
         for key in FIELDS:
             self._data[key][:size] = state["data"][key][:size]
-        self._stream[:] = state["stream"]
-        self._index[:] = state["index"]
-        self._next_slot[:] = state["next_slot"]
+        self._stream[:] = -1
+        self._index[:] = 0
+        self._next_slot[:] = 0
+        for own, key in (
+            (self._stream, "stream"),
+            (self._index, "index"),
+            (self._next_slot, "next_slot"),
+        ):
+            own[: len(state[key])] = state[key]
         self._stream_ids = dict(state["stream_ids"])
         self._length = np.array(state["length"])
         self._first = np.array(state["first"])

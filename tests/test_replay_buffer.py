@@ -117,3 +117,55 @@ def test_bad_input():
     steps["rewards"] = steps["rewards"][:4]
     with pytest.raises(ValueError, match="steps\\['obs'\\] has 5 entries, expected 4"):
         buf.add(0, steps)
+
+
+def test_state_is_sized_by_what_is_stored():
+    buf = ReplayBuffer(1000, 4, (3,), np.float32, 2, seed=5)
+    buf.add("a", _steps(0, 25))
+    state = buf.get_state()
+    assert state["capacity"] == 1000
+    for key in ("stream", "index", "next_slot"):
+        assert len(state[key]) == 25, key
+    assert all(len(v) == 25 for v in state["data"].values())
+    full = ReplayBuffer(20, 4, (3,), np.float32, 2)
+    full.add("a", _steps(0, 25))  # wrapped around: every slot is in use
+    assert len(full.get_state()["stream"]) == 20
+
+
+def _capacity_sized(state, capacity):
+    """`state` as buffers wrote it before states were sized by content: bookkeeping for every
+    slot (initial values past the stored steps) and no `capacity` entry."""
+    old = dict(state)
+    del old["capacity"]
+    for key, fill in (("stream", -1), ("index", 0), ("next_slot", 0)):
+        old[key] = np.concatenate([state[key], np.full(capacity - len(state[key]), fill)])
+    return old
+
+
+@pytest.mark.parametrize("steps", [25, 47])  # part full; wrapped around
+def test_content_sized_and_capacity_sized_states_restore_the_same(steps):
+    buf = ReplayBuffer(30, 4, (1,), np.float32, 2, seed=5)
+    buf.add("a", _steps(0, steps))
+    buf.add("b", _steps(100, 12))
+    state = buf.get_state()
+    for restored_state in (state, _capacity_sized(state, 30)):
+        restored = ReplayBuffer(30, 4, (1,), np.float32, 2, seed=99)
+        restored.set_state(restored_state)
+        copy = ReplayBuffer(30, 4, (1,), np.float32, 2, seed=5)
+        copy.set_state(state)
+        for other in (copy, restored):
+            other.add("a", _steps(steps, 3))
+        a, b = copy.sample(16), restored.sample(16)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_damaged_or_mismatched_states_are_named():
+    buf = ReplayBuffer(30, 4, (1,), np.float32, 2)
+    buf.add("a", _steps(0, 10))
+    state = buf.get_state()
+    with pytest.raises(ValueError, match="capacity 30, this buffer 40"):
+        ReplayBuffer(40, 4, (1,), np.float32, 2).check_state(state)
+    state["next_slot"] = state["next_slot"][:5]
+    with pytest.raises(ValueError, match="'next_slot' has 5 entries for 10 stored steps"):
+        ReplayBuffer(30, 4, (1,), np.float32, 2).check_state(state)
