@@ -352,7 +352,7 @@ def check_experiment(source, name, spec):
         raise CliError(
             f"{where}: unknown config key {key!r}.{_did_you_mean(key, known_config_keys())} "
             "DreamerV3's hyperparameters are the names in HYPERPARAMETERS "
-            "(rllib_dreamerv3/config.py); any other key must be an AlgorithmConfig setting "
+            "(rllib_dreamerv3/algorithm.py); any other key must be an AlgorithmConfig setting "
             "(e.g. num_env_runners, gamma)."
         )
     env = spec.get("env", config.get("env"))
