@@ -7,10 +7,40 @@
 Importing the package also registers the Ray Tune trainable `"DreamerV3"`.
 """
 
-# TF must be imported before RLlib: if RLlib imports it first, it disables TF2 behaviour.
-import tensorflow as tf  # noqa: F401
+import os
+import sys
 
-from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior
+# TF's C++ start-up messages (CUDA probing, oneDNN and CPU-feature notes) are noise for users,
+# and on machines without an NVIDIA driver its failed CUDA probe logs at error level. Set
+# TF_CPP_MIN_LOG_LEVEL yourself (0: everything) to see them.
+os.environ.setdefault(
+    "TF_CPP_MIN_LOG_LEVEL", "2" if os.path.exists("/proc/driver/nvidia/version") else "3"
+)
+
+
+def _import_tensorflow():
+    """Import TF; unless TF_CPP_MIN_LOG_LEVEL is 0 or 1, its C++ libraries' load-time messages
+    go to /dev/null: they are written to stderr before TF's logging is initialised, where
+    TF_CPP_MIN_LOG_LEVEL does not reach them. Errors still raise, after stderr is restored."""
+    if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("0", "1"):
+        import tensorflow  # noqa: F401
+
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+# TF must be imported before RLlib: if RLlib imports it first, it disables TF2 behaviour.
+_import_tensorflow()
+
+from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior  # noqa: E402
 
 ensure_tf2_behavior()
 apply_ray_patches()

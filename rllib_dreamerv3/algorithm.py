@@ -39,7 +39,7 @@ from rllib_dreamerv3.model_sizes import MODEL_SIZES
 from rllib_dreamerv3.progress import log_progress
 from rllib_dreamerv3.replay_buffer import ReplayBuffer, bytes_per_step
 from rllib_dreamerv3.rl_module import DreamerV3RLModule
-from rllib_dreamerv3.spaces import action_dim, check_spaces, obs_storage_dtype
+from rllib_dreamerv3.spaces import action_dim, check_spaces, is_image, obs_storage_dtype
 
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
@@ -557,7 +557,9 @@ class DreamerV3(Algorithm):
         self._counters.update(num_updates=0, env_steps_at_learning_start=None)
         self._dreams = None  # the latest dream summaries, until `step` reports them
         self._no_samples_since = None  # when remote EnvRunners started returning nothing
-        if cfg.dream_every_n_updates and importlib.util.find_spec("moviepy") is None:
+        # Only image dreams have videos (vector dreams are plots).
+        videos = cfg.dream_every_n_updates and is_image(obs_space)
+        if videos and importlib.util.find_spec("moviepy") is None:
             logger.warning(
                 "Dreams are on (dream_every_n_updates=%d) but moviepy is not installed: "
                 "TensorBoard gets their images, not their videos. pip install "

@@ -59,3 +59,26 @@ def test_build_is_build_algo_without_a_deprecation_warning(monkeypatch):
     assert warned == []
     AlgorithmConfig.build(config)  # RLlib's own `build` warns: the check above can fail
     assert warned
+
+
+def _import_output(**env):
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"} | env
+    done = subprocess.run(
+        [sys.executable, "-c", "import rllib_dreamerv3"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_importing_the_package_prints_nothing_unless_asked():
+    assert _import_output() == ""
+    # TF's load-time messages are there to be hidden: asked for, they appear.
+    assert "oneDNN" in _import_output(TF_CPP_MIN_LOG_LEVEL="0")

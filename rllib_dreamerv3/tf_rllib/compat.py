@@ -79,4 +79,36 @@ def apply_ray_patches():
     if not getattr(learner_group._get_backend_config, "_rllib_dreamerv3_patch", False):
         learner_group._get_backend_config = _tf_backend_config(learner_group._get_backend_config)
     applied.append("learner_group._get_backend_config")
+    silence_rllib_notices()
+    applied.append("silenced notices")
     return applied
+
+
+# `ray.util.log_once` keys of RLlib 2.60 notices that say nothing to DreamerV3's users: the
+# new-API-stack banner (DreamerV3 exists only there) and the deprecation that RLlib's own
+# `RLModule.__init__` triggers for every module by building an `RLModuleConfig`.
+RLLIB_NOTICE_KEYS = ("DreamerV3_on_new_api_stack", "RLModule(config=[RLModuleConfig object])")
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records whose message starts with one of `prefixes`."""
+
+    def __init__(self, prefixes):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record):
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def silence_rllib_notices():
+    """Mark RLlib's banner and self-inflicted deprecation notices as already logged in this
+    process, and drop Tune's "Install gputil" notice (system monitoring works without it on
+    machines without GPUs). Idempotent."""
+    from ray.util import log_once
+
+    for key in RLLIB_NOTICE_KEYS:
+        log_once(key)
+    tune_util = logging.getLogger("ray.tune.utils.util")
+    if not any(isinstance(f, _DropMessages) for f in tune_util.filters):
+        tune_util.addFilter(_DropMessages(("Install gputil",)))

@@ -408,8 +408,9 @@ def test_apply_ray_patches_makes_tf2_backend_config():
     from ray.rllib.core.learner import learner_group
     from ray.train.backend import BackendConfig
 
-    assert apply_ray_patches() == ["learner_group._get_backend_config"]
-    assert apply_ray_patches() == ["learner_group._get_backend_config"]  # idempotent
+    applied = ["learner_group._get_backend_config", "silenced notices"]
+    assert apply_ray_patches() == applied
+    assert apply_ray_patches() == applied  # idempotent
     patched = learner_group._get_backend_config
     assert getattr(patched, "_rllib_dreamerv3_patch", False)
     assert type(patched(_Tf2Learner)) is BackendConfig
@@ -547,3 +548,43 @@ def test_inference_only_exclusion_matches_whole_path_segments():
     module = make_module(seed=1)
     module.inference_only_excluded = ("ne",)  # a prefix of "net", but not a path segment
     assert "net/w" in module.get_state(inference_only=True)
+
+
+def test_silenced_notices_match_what_ray_logs():
+    """Fails when Ray renames the notices' `log_once` keys or messages (then the silencing stops
+    applying): each key is the one RLlib 2.60's code passes, and is used up in this process."""
+    import inspect
+    import logging
+
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.rl_module import rl_module
+    from ray.tune.utils import util as tune_util
+    from ray.util import log_once
+
+    from rllib_dreamerv3.tf_rllib.compat import RLLIB_NOTICE_KEYS
+
+    apply_ray_patches()
+    banner_key, deprecation_key = RLLIB_NOTICE_KEYS
+    assert 'log_once(f"{self.algo_class.__name__}_on_new_api_stack")' in inspect.getsource(
+        AlgorithmConfig._validate_new_api_stack_settings
+    )
+    assert banner_key == "DreamerV3_on_new_api_stack"
+    assert f'old="{deprecation_key}"' in inspect.getsource(rl_module)
+    for key in RLLIB_NOTICE_KEYS:
+        assert not log_once(key), key  # already logged: RLlib stays quiet
+    assert 'logger.warning("Install gputil for GPU system monitoring.")' in inspect.getsource(
+        tune_util
+    )
+    record = logging.LogRecord(
+        "ray.tune.utils.util",
+        logging.WARNING,
+        "",
+        0,
+        "Install gputil for GPU system monitoring.",
+        None,
+        None,
+    )
+    other = logging.LogRecord("ray.tune.utils.util", logging.WARNING, "", 0, "other", None, None)
+    logger = logging.getLogger("ray.tune.utils.util")
+    assert not logger.filter(record)
+    assert logger.filter(other)
