@@ -506,7 +506,7 @@ def ray_cluster():
 def test_remote_learner_group_updates(ray_cluster):
     from tensorflow.python import tf2
 
-    assert apply_ray_patches() == ["learner_group._get_backend_config"]
+    assert "learner_group._get_backend_config" in apply_ray_patches()
     config = make_config(lr=0.05).learners(num_learners=1)
     data = make_data()
     local = config.copy().learners(num_learners=0).build_learner(spaces=SPACES)
