@@ -13,6 +13,7 @@ import logging
 import numbers
 import os
 import pathlib
+import tempfile
 import textwrap
 import time
 
@@ -540,6 +541,25 @@ class DreamerV3(Algorithm):
     @classmethod
     def get_default_config(cls):
         return DreamerV3Config()
+
+    def _setup_logdir(self):
+        """Outside Ray Tune, Ray's `Trainable` makes a timestamped directory in ~/ray_results
+        that nothing writes to (results reach files only through Tune); DreamerV3 takes a
+        temporary directory instead and removes it on `stop()` if it is still empty. Under Tune
+        (a storage context), the trial directory as usual."""
+        if self._storage:
+            super()._setup_logdir()
+            return
+        self._logdir = tempfile.mkdtemp(prefix="rllib_dreamerv3_")
+        self._temporary_logdir = True
+
+    def cleanup(self):
+        super().cleanup()
+        if getattr(self, "_temporary_logdir", False):
+            try:
+                os.rmdir(self._logdir)
+            except OSError:  # something wrote there (kept), or it is gone already
+                pass
 
     def setup(self, config):
         super().setup(config)

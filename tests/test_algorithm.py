@@ -1,5 +1,7 @@
 """DreamerV3 inside RLlib: build and train, remote runners/learners, checkpoints, env runner."""
 
+import os
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -135,7 +137,12 @@ def _module_state(algo):
 
 
 @pytest.mark.parametrize("store_buffer", [True, False])
-def test_checkpoint_round_trip(tmp_path, store_buffer):
+def test_checkpoint_round_trip(tmp_path, store_buffer, monkeypatch):
+    from ray.tune.trainable import trainable
+
+    # Where Ray's Trainable would make its (empty) timestamped folder outside Tune.
+    ray_results = tmp_path / "ray_results"
+    monkeypatch.setattr(trainable, "DEFAULT_STORAGE_PATH", str(ray_results))
     algo = tiny_config(store_replay_buffer_in_checkpoint=store_buffer).build_algo()
     try:
         algo.train()
@@ -167,6 +174,9 @@ def test_checkpoint_round_trip(tmp_path, store_buffer):
         assert result["num_updates_lifetime"] > algo._counters["num_updates"]
     finally:
         restored.stop()
+    # Building and restoring outside Tune left no folders behind.
+    assert not ray_results.exists() or not any(ray_results.iterdir())
+    assert not os.path.exists(algo.logdir) and not os.path.exists(restored.logdir)
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
