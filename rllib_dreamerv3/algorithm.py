@@ -542,12 +542,17 @@ class DreamerV3(Algorithm):
     def get_default_config(cls):
         return DreamerV3Config()
 
+    @property
+    def _under_tune(self):
+        """Whether Ray Tune runs this algorithm (it gives Tune's trainables a storage context)."""
+        return self._storage is not None or self._trial_info is not None
+
     def _setup_logdir(self):
         """Outside Ray Tune, Ray's `Trainable` makes a timestamped directory in ~/ray_results
         that nothing writes to (results reach files only through Tune); DreamerV3 takes a
         temporary directory instead and removes it on `stop()` if it is still empty. Under Tune
         (a storage context), the trial directory as usual."""
-        if self._storage:
+        if self._under_tune:
             super()._setup_logdir()
             return
         self._logdir = tempfile.mkdtemp(prefix="rllib_dreamerv3_")
@@ -719,7 +724,7 @@ class DreamerV3(Algorithm):
         """One training iteration (RLlib's `train()`). Outside Ray Tune it also logs a progress
         line (:mod:`rllib_dreamerv3.progress`) unless `log_progress=False`."""
         result = super().train()
-        if self.config.log_progress and self._trial_info is None:
+        if self.config.log_progress and not self._under_tune:
             log_progress(result)
         return result
 

@@ -27,16 +27,22 @@ def test_progress_line_names_steps_return_losses_and_time():
 
 
 @pytest.mark.parametrize(
-    "log_progress, trial_info, printed",
-    [(True, None, True), (False, None, False), (True, object(), False)],
+    "log_progress, storage, trial_info, printed",
+    [
+        (True, None, None, True),
+        (False, None, None, False),
+        (True, object(), None, False),
+        (True, None, object(), False),
+    ],
 )
 def test_train_logs_one_line_outside_tune_unless_switched_off(
-    log_progress, trial_info, printed, monkeypatch, capsys
+    log_progress, storage, trial_info, printed, monkeypatch, capsys
 ):
     monkeypatch.setattr(Trainable, "train", lambda self: RESULT)
     algo = object.__new__(DreamerV3)  # no env, no Ray: only what train() reads
     algo.config = SimpleNamespace(log_progress=log_progress)
-    algo._trial_info = trial_info  # Ray Tune sets it for the trainables it runs
+    # Ray Tune gives the trainables it runs a storage context (and, in some paths, trial info).
+    algo._storage, algo._trial_info = storage, trial_info
     assert algo.train() is RESULT
     assert capsys.readouterr().out == (LINE + "\n" if printed else "")
 
