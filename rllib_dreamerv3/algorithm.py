@@ -544,8 +544,12 @@ class DreamerV3(Algorithm):
 
     @property
     def _under_tune(self):
-        """Whether Ray Tune runs this algorithm (it gives Tune's trainables a storage context)."""
-        return self._storage is not None or self._trial_info is not None
+        """Whether Ray Tune runs this algorithm (it gives Tune's trainables a storage context).
+        `Trainable.__init__` sets the trial info only after the log directory, so read softly."""
+        return (
+            getattr(self, "_storage", None) is not None
+            or getattr(self, "_trial_info", None) is not None
+        )
 
     def _setup_logdir(self):
         """Outside Ray Tune, Ray's `Trainable` makes a timestamped directory in ~/ray_results
