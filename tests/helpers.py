@@ -18,6 +18,30 @@ def float64_softmax(logits):
     return p / p.sum(-1, keepdims=True)
 
 
+def layer_norm_case(norm_class, shape):
+    """`(norm, x, expected)`: a LayerNorm of `norm_class` with seeded scale and offset, seeded
+    inputs `x` `[*shape]` and the normalised `x` computed in float64 (eps 1e-3)."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=shape) * 3.0 + 2.0).astype(np.float32)
+    norm = norm_class(shape[-1])
+    norm.scale.assign(rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32))
+    norm.offset.assign(rng.normal(size=shape[-1]).astype(np.float32))
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
+    expected = (x64 - mean) / np.sqrt(var + 1e-3) * norm.scale.numpy() + norm.offset.numpy()
+    return norm, tf.constant(x), expected
+
+
+def two_hot_hand_case():
+    """`(bins, logits, target, cross-entropy)` worked by hand: 3 bins, symlog(target) = 0.5
+    puts half the label on bins 1 and 2."""
+    bins = tf.constant([-1.0, 0.0, 1.0])
+    logits = tf.constant([0.0, 1.0, 2.0])
+    target = math_ops.symexp(tf.constant(0.5))
+    log_softmax = np.log(np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum())
+    return bins, logits, target, -(0.5 * log_softmax[1] + 0.5 * log_softmax[2])
+
+
 def reference_critic_loss(model, imagined, start_cont, hp):
     """`(critic loss, λ-returns)` of an imagined trajectory, term by term as the paper's critic
     learning states them, with the plain heads on every state (none receives a gradient)."""

@@ -12,7 +12,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import float64_softmax, normal, reference_critic_loss
+from helpers import (
+    float64_softmax,
+    layer_norm_case,
+    normal,
+    reference_critic_loss,
+    two_hot_hand_case,
+)
 
 from rllib_dreamerv3 import kernels, losses, math_ops, networks, random_ops, world_model
 from rllib_dreamerv3.config import HYPERPARAMETERS
@@ -291,19 +297,12 @@ def test_encoder_and_decoder_equal_the_plain_modules(image, monkeypatch):
 @pytest.mark.parametrize("shape", [(7, 24), (3, 5, 5, 24)])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_layer_norm_matches_numpy(shape, compiled):
-    rng = np.random.default_rng(0)
-    x = (rng.normal(size=shape) * 3.0 + 2.0).astype(np.float32)
-    norm = LayerNorm(shape[-1])
-    norm.scale.assign(rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32))
-    norm.offset.assign(rng.normal(size=shape[-1]).astype(np.float32))
+    norm, x, expected = layer_norm_case(LayerNorm, shape)
     fn = lambda x: layers.layer_norm(norm, x)  # noqa: E731
     fn = tf.function(fn, jit_compile=True) if compiled else fn
-    x64 = x.astype(np.float64)
-    mean, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
-    expected = (x64 - mean) / np.sqrt(var + 1e-3) * norm.scale.numpy() + norm.offset.numpy()
     # Row means of 24 entries |x| ≲ 11: 24·eps·11 ≈ 1.6e-5 before the division by the rows'
     # standard deviation (~3), then scaled by ≤ 1.5: ≲ 8e-6 absolute.
-    np.testing.assert_allclose(fn(tf.constant(x)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fn(x), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -943,11 +942,7 @@ def test_two_hot_stats_and_loss_equal_the_plain_mean_and_log_prob(compiled):
 
 
 def test_two_hot_loss_is_cross_entropy():
-    bins = tf.constant([-1.0, 0.0, 1.0])
-    logits = tf.constant([0.0, 1.0, 2.0])
-    target = math_ops.symexp(tf.constant(0.5))  # symlog(target) = 0.5: half on bins 1 and 2
-    log_softmax = np.log(np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum())
-    expected = -(0.5 * log_softmax[1] + 0.5 * log_softmax[2])
+    bins, logits, target, expected = two_hot_hand_case()
     np.testing.assert_allclose(two_hot.two_hot_loss(logits, target, bins), expected, rtol=1e-5)
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import float64_softmax, normal
+from helpers import float64_softmax, normal, two_hot_hand_case
 
 from rllib_dreamerv3 import math_ops
 
@@ -128,11 +128,7 @@ def test_two_hot_mean_and_log_prob_of_batched_logits_and_their_gradients(compile
 
 
 def test_two_hot_log_prob_is_minus_the_cross_entropy():
-    bins = tf.constant([-1.0, 0.0, 1.0])
-    logits = tf.constant([0.0, 1.0, 2.0])
-    target = math_ops.symexp(tf.constant(0.5))  # symlog(target) = 0.5: half on bins 1 and 2
-    log_softmax = np.log(np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum())
-    expected = -(0.5 * log_softmax[1] + 0.5 * log_softmax[2])
+    bins, logits, target, expected = two_hot_hand_case()
     np.testing.assert_allclose(
         -math_ops.two_hot_log_prob(logits, target, bins), expected, rtol=1e-5
     )

@@ -4,7 +4,7 @@ LayerNorm, convolutions, MLPs and the GRU cell. (Their fast forms: tests/test_ke
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import normal
+from helpers import layer_norm_case, normal
 
 from rllib_dreamerv3 import networks
 from rllib_dreamerv3.networks import MLP, Conv, LayerNorm
@@ -25,18 +25,11 @@ def _global_seed():
 @pytest.mark.parametrize("shape", [(7, 24), (3, 5, 5, 24)])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_layer_norm_matches_numpy(shape, compiled):
-    rng = np.random.default_rng(0)
-    x = (rng.normal(size=shape) * 3.0 + 2.0).astype(np.float32)
-    norm = LayerNorm(shape[-1])
-    norm.scale.assign(rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32))
-    norm.offset.assign(rng.normal(size=shape[-1]).astype(np.float32))
+    norm, x, expected = layer_norm_case(LayerNorm, shape)
     fn = tf.function(norm.__call__, jit_compile=True) if compiled else norm
-    x64 = x.astype(np.float64)
-    mean, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
-    expected = (x64 - mean) / np.sqrt(var + 1e-3) * norm.scale.numpy() + norm.offset.numpy()
     # Row means of 24 entries |x| ≲ 11: 24·eps·11 ≈ 1.6e-5 before the division by the rows'
     # standard deviation (~3), then scaled by ≤ 1.5: ≲ 8e-6 absolute.
-    np.testing.assert_allclose(fn(tf.constant(x)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fn(x), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (2, 3, 7)])
