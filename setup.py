@@ -21,6 +21,7 @@ setup(
         "opencv-python-headless",  # gymnasium's AtariPreprocessing resizes with cv2; dream media
         "numpy>=1.26",
         "pyyaml",
+        "tqdm",  # progress bars for the warm-up and `rllib evaluate`
         "tensorboardX",  # Ray Tune writes TensorBoard logs only with it
         "pillow>=10",  # tensorboardX encodes images (the dreams) with it
     ],

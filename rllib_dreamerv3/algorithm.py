@@ -32,12 +32,13 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_TRAINED_LIFETIME,
     REPLAY_BUFFER_RESULTS,
 )
+from tqdm import tqdm
 
 from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
 from rllib_dreamerv3.learner import DreamerV3Learner
 from rllib_dreamerv3.model_sizes import MODEL_SIZES
-from rllib_dreamerv3.progress import log_progress
+from rllib_dreamerv3.progress import PROGRESS_LOSSES, log_progress, summary
 from rllib_dreamerv3.replay_buffer import ReplayBuffer, bytes_per_step
 from rllib_dreamerv3.rl_module import DreamerV3RLModule
 from rllib_dreamerv3.spaces import action_dim, check_spaces, is_image, obs_storage_dtype
@@ -538,6 +539,16 @@ class DreamerV3(Algorithm):
     `forward_inference`.
     """
 
+    # What Ray Tune prints of a finished trial's last result (it reads this class attribute of
+    # a trainable; without it, every one of the result's hundreds of entries).
+    _progress_metrics = (
+        "episode_return_mean",
+        *PROGRESS_LOSSES,
+        "num_env_steps_sampled_lifetime",
+        "num_updates_lifetime",
+        "evaluation/env_runners/episode_return_mean",
+    )
+
     @classmethod
     def get_default_config(cls):
         return DreamerV3Config()
@@ -622,6 +633,26 @@ class DreamerV3(Algorithm):
                 self.replay_buffer.add(stream_key, steps)
         self.metrics.aggregate([metrics for _, metrics in results], key=ENV_RUNNER_RESULTS)
 
+    def _warm_up(self, num_timesteps):
+        """Sample `num_timesteps` random-action steps in about ten rounds, with a progress bar
+        on a terminal (none under Ray Tune or when stderr is no terminal). Each round is a
+        multiple of the number of envs, so the total equals one `_sample` of them all."""
+        envs = max(1, self.env_runner_group.num_remote_env_runners())
+        envs *= self.config.num_envs_per_env_runner
+        per_round = envs * -(-num_timesteps // (10 * envs))
+        bar = tqdm(
+            total=num_timesteps,
+            desc="warm-up (random actions)",
+            unit="step",
+            leave=False,
+            disable=True if self._under_tune else None,  # None: only on a terminal
+        )
+        with bar:
+            while num_timesteps > 0:
+                self._sample(num_timesteps=min(per_round, num_timesteps), random_actions=True)
+                bar.update(min(per_round, num_timesteps))
+                num_timesteps -= per_round
+
     def _check_env_runners_sampled(self, results, remote):
         """Raise instead of looping forever when no remote EnvRunner returns samples.
 
@@ -656,7 +687,7 @@ class DreamerV3(Algorithm):
         cfg = self.config
         warmup_left = cfg.num_steps_sampled_before_learning_starts - self._env_steps_sampled()
         if warmup_left > 0 or not self.replay_buffer.can_sample():
-            self._sample(num_timesteps=max(warmup_left, cfg.batch_length_T), random_actions=True)
+            self._warm_up(max(warmup_left, cfg.batch_length_T))
         else:
             self._sample()
 
@@ -733,13 +764,14 @@ class DreamerV3(Algorithm):
         return result
 
     def step(self):
-        """One `train()` iteration; adds `dreams` (see :mod:`rllib_dreamerv3.dreams`) to the
-        results of the iterations in which dream summaries were computed."""
+        """One `train()` iteration. The results begin with :func:`progress.summary` (episode
+        return and losses as top-level numbers, the columns of Tune's status table) and carry
+        `dreams` (see :mod:`rllib_dreamerv3.dreams`) in iterations that computed them."""
         results = super().step()
         if self._dreams is not None:
             results[DREAMS] = self._dreams
             self._dreams = None
-        return results
+        return {**summary(results), **results}
 
     # --- evaluation -----------------------------------------------------------------------------
     def evaluate(self, parallel_train_future=None):

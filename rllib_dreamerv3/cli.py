@@ -9,12 +9,13 @@ Ray 2.60 installs no `rllib` command, so this package does; `rllib-dreamerv3` an
 """
 
 import argparse
+import dataclasses
 import difflib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
-import math
-import numbers
+import logging
 import os
 import pickle
 import sys
@@ -24,116 +25,41 @@ import ray
 import yaml
 from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.tune.utils import flatten_dict
+from ray.rllib.core import (
+    COMPONENT_LEARNER,
+    COMPONENT_LEARNER_GROUP,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+)
+from ray.rllib.utils.checkpoints import Checkpointable
+from tqdm import tqdm
 
 from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
+from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, progress_line
 from rllib_dreamerv3.progress import format_number as fmt
-from rllib_dreamerv3.progress import progress_line
+from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
+# An experiment is what `tune.Experiment.from_json` reads: `run`, RLlib's `env` (moved into
+# `config`) and the arguments of `tune.Experiment` that YAML can express.
 EXPERIMENT_KEYS = (
-    "env",
     "run",
-    "stop",
-    "config",
-    "checkpoint_config",
-    "num_samples",
-    "storage_path",
+    "env",
+    *(
+        name
+        for name in inspect.signature(tune.Experiment).parameters
+        if name not in ("name", "run", "local_dir", "storage_filesystem", "restore")
+        and "creator" not in name
+    ),
 )
-CHECKPOINT_CONFIG_KEYS = (
-    "checkpoint_frequency",
-    "checkpoint_at_end",
-    "num_to_keep",
-    "checkpoint_score_attribute",
-    "checkpoint_score_order",
+CHECKPOINT_CONFIG_KEYS = tuple(
+    f.name for f in dataclasses.fields(tune.CheckpointConfig) if not f.name.startswith("_")
 )
 _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
-
-# The result keys that `stop` criteria name, '/'-separated where nested (Tune flattens results).
-# Top-level numbers every DreamerV3 iteration reports (Tune's, RLlib's and DreamerV3's counters):
-# a stop key very close to one of them but not equal is a misspelling, caught before Ray starts.
-TOP_LEVEL_RESULT_KEYS = (
-    "training_iteration",
-    "time_total_s",
-    "time_this_iter_s",
-    "time_since_restore",
-    "iterations_since_restore",
-    "timestamp",
-    "num_env_steps_sampled_lifetime",
-    "num_env_steps_trained_lifetime",
-    "num_updates_lifetime",
-    "num_training_step_calls_per_iteration",
-    "training_ratio_achieved",
-)
-# Top-level groups of a DreamerV3 result: `env_runners/episode_return_mean` names a value inside.
-RESULT_GROUPS = (
-    "env_runners",
-    "learners",
-    "evaluation",
-    "replay_buffer",
-    "timers",
-    "perf",
-    "fault_tolerance",
-    "env_runner_group",
-    "dreams",
-    "config",
-)
-# Result keys of RLlib's old API stack, which DreamerV3 (new API stack) never reports.
-OLD_API_RESULT_KEYS = {
-    "timesteps_total": "num_env_steps_sampled_lifetime",
-    "num_env_steps_sampled": "num_env_steps_sampled_lifetime",
-    "episodes_total": "env_runners/num_episodes_lifetime",
-    "episode_reward_mean": "env_runners/episode_return_mean",
-    "episode_reward_min": "env_runners/episode_return_min",
-    "episode_reward_max": "env_runners/episode_return_max",
-    "episode_len_mean": "env_runners/episode_len_mean",
-    "sampler_results/episode_reward_mean": "env_runners/episode_return_mean",
-    "env_runners/episode_reward_mean": "env_runners/episode_return_mean",
-    "evaluation/episode_reward_mean": "evaluation/env_runners/episode_return_mean",
-}
-# Names in DreamerV3 results that only some iterations report: episode statistics once an
-# episode has ended, evaluation results once evaluation has run, dream summaries every
-# `dream_every_n_updates` updates, throughputs (any `*_throughput`) from the second report on,
-# counters of rare events. A stop key naming one of them is waited for, never called misspelt.
-LATE_RESULT_NAMES = frozenset(
-    (
-        "episode_return_mean",
-        "episode_return_min",
-        "episode_return_max",
-        "episode_len_mean",
-        "episode_len_min",
-        "episode_len_max",
-        "num_episodes",
-        "num_episodes_lifetime",
-        "evaluation",
-        "dreams",
-        "throughput_since_last_reduce",
-        "throughput_since_last_restore",
-        "evaluation_iteration",
-        "restore_eval_env_runners",
-        "synch_env_connectors",
-        "actor_manager_num_outstanding_async_reqs",
-        "num_healthy_workers",
-        "num_env_runners_dropped_lifetime",
-        "num_remote_worker_restarts",
-        "num_nonfinite_env_steps_skipped",
-        "num_sub_env_restarts",
-    )
-)
-# How alike (difflib's ratio) a name must be to a known one to be called its misspelling: the
-# static check, which sees no result, only flags near-identical names.
-STATIC_TYPO_CUTOFF = 0.9
-RESULT_TYPO_CUTOFF = 0.8
-STOP_KEYS_HELP = (
-    "Stop keys name numbers in the training results, '/'-separated where nested "
-    "(e.g. training_iteration, num_env_steps_sampled_lifetime, "
-    "env_runners/episode_return_mean); every result key is a column of a trial's "
-    "progress.csv."
-)
 
 
 class CliError(Exception):
@@ -197,12 +123,21 @@ def known_config_keys():
 def unknown_config_key(config_dict):
     """The first key of `config_dict` that `DreamerV3Config` does not have, or None.
 
-    `update_from_dict` would set any key silently, so a misspelt hyperparameter would be
-    ignored; this is checked first.
+    `update_from_dict` would set any key silently (as a new attribute), so a misspelt
+    hyperparameter would be ignored; this is checked first. Keys RLlib translates (`lambda`,
+    `num_workers`, ...) set an existing attribute and pass.
     """
     known = known_config_keys()
-    for key in config_dict:
-        if AlgorithmConfig._translate_special_keys(key, warn_deprecated=False) not in known:
+    for key, value in config_dict.items():
+        if key in known:
+            continue
+        probe = DreamerV3Config()
+        before = set(vars(probe))
+        try:
+            probe.update_from_dict({key: _first_variant(value)})
+        except Exception:  # noqa: BLE001 - a known key with a bad value: validate() says which
+            continue
+        if set(vars(probe)) - before:
             return key
     return None
 
@@ -235,16 +170,10 @@ def _one_paragraph(text):
 
 
 def _env_problem(env, err):
+    """Why `validate()` could not create `env` (an env registered with Tune would have been)."""
     import gymnasium as gym
-    from ray.tune.registry import ENV_CREATOR, _global_registry
 
-    unknown_id = (
-        isinstance(env, str)
-        and "." not in env
-        and env not in gym.registry
-        and not _global_registry.contains(ENV_CREATOR, env)
-    )
-    if unknown_id:
+    if isinstance(env, str) and "." not in env and env not in gym.registry:
         return (
             f"env: {env!r} is neither a gymnasium id nor registered with "
             f"ray.tune.register_env.{_did_you_mean(env, gym.registry)} Use a gymnasium id "
@@ -256,76 +185,12 @@ def _env_problem(env, err):
     )
 
 
-def check_stop(where, stop):
-    """Raise a `CliError` for a stop criterion that cannot work, before Ray starts.
-
-    Every value must be a number (Tune ends a trial once the result reaches it). Keys are checked
-    only where DreamerV3's results are known without running it: old-API-stack names, groups
-    named as values, and near-identical misspellings of the top-level keys. Any other key may be
-    a metric of a later iteration or of a callback; `StopCriteria` checks it against the results.
-    """
-    for key, value in stop.items():
-        if not isinstance(key, str):
-            raise CliError(
-                f"{where}: stop key {key!r} must be the name of a result, e.g. training_iteration."
-            )
-        if isinstance(value, dict):  # Tune compares flattened keys: `group/name`, not a mapping
-            inner = next(iter(value), "episode_return_mean")
-            raise CliError(
-                f"{where}: stop: {key}: {value!r} is a mapping, not a number; write "
-                f"nested result keys with slashes, e.g. `{key}/{inner}: 450`."
-            )
-        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        if not number or math.isnan(value):
-            hint = ""
-            if isinstance(value, str):
-                try:
-                    parsed = float(value)
-                except ValueError:
-                    parsed = math.nan
-                if math.isfinite(parsed):  # YAML reads 1e5 (no dot) and "100" as strings
-                    plain = int(parsed) if parsed.is_integer() else parsed
-                    hint = (
-                        f" YAML reads {value!r} as a string (a quoted number, or an exponent "
-                        f"without a dot); write {plain!r}."
-                    )
-            raise CliError(
-                f"{where}: stop: {key}: {value!r} is not a number. A stop criterion "
-                f"ends training once the result {key!r} reaches its value, e.g. "
-                f"`{key}: 100`.{hint}"
-            )
-        if key in OLD_API_RESULT_KEYS:
-            raise CliError(
-                f"{where}: stop key {key!r} is a result of RLlib's old API stack, "
-                f"which DreamerV3 does not report; use "
-                f"{OLD_API_RESULT_KEYS[key]!r}. {STOP_KEYS_HELP}"
-            )
-        first, _, rest = key.partition("/")
-        if not rest and first in RESULT_GROUPS:
-            raise CliError(
-                f"{where}: stop key {key!r} is a group of results, not a number; "
-                f"name one inside it, e.g. 'env_runners/episode_return_mean'. "
-                f"{STOP_KEYS_HELP}"
-            )
-        if rest and first in TOP_LEVEL_RESULT_KEYS:
-            raise CliError(
-                f"{where}: stop key {key!r}: {first!r} is a number, not a group of "
-                f"results; stop on {first!r} itself. {STOP_KEYS_HELP}"
-            )
-        known = TOP_LEVEL_RESULT_KEYS if not rest else RESULT_GROUPS
-        close = first not in known and _closest(first, known, STATIC_TYPO_CUTOFF)
-        if close:
-            fix = f"{close}/{rest}" if rest else close
-            raise CliError(
-                f"{where}: unknown stop key {key!r}. Did you mean {fix!r}? {STOP_KEYS_HELP}"
-            )
-
-
 def check_experiment(source, name, spec):
-    """Resolve one experiment into Tune's arguments, or raise a `CliError` naming source/key.
+    """One experiment as a `tune.Experiment` (`Experiment.from_json`), or a `CliError` naming
+    the source and the key, raised before Ray starts.
 
-    Returns `(trainable, param_space, stop, checkpoint_config, num_samples, storage_path)`;
-    `param_space` is the YAML's `config` (Tune search spaces kept) plus `env`.
+    The experiment's `config` is the YAML's `config` (Tune search spaces kept) plus `env`; its
+    stopper is a `StopCriteria` of the YAML's `stop` (None without one).
     """
     where = f"{source}, experiment {name!r}"
     for key in spec:
@@ -377,7 +242,6 @@ def check_experiment(source, name, spec):
             f"{where}: stop must map result keys to thresholds, e.g. "
             "{training_iteration: 10, env_runners/episode_return_mean: 450}."
         )
-    check_stop(where, stop)
     checkpoint_config = spec.get("checkpoint_config") or {}
     if not isinstance(checkpoint_config, dict):
         raise CliError(
@@ -394,7 +258,14 @@ def check_experiment(source, name, spec):
     num_samples = spec.get("num_samples", 1)
     if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
         raise CliError(f"{where}: num_samples={num_samples!r} must be a positive integer.")
-    return run, param_space, stop, checkpoint_config, num_samples, spec.get("storage_path")
+    spec = {**spec, "config": param_space, "stop": StopCriteria(stop, where) if stop else None}
+    spec.pop("env", None)
+    if spec.get("storage_path"):
+        spec["storage_path"] = os.path.abspath(os.path.expanduser(spec["storage_path"]))
+    try:
+        return tune.Experiment.from_json(name, spec)
+    except (tune.TuneError, ValueError, TypeError) as err:
+        raise CliError(f"{where}: {_one_paragraph(err)[:500]}") from None
 
 
 def _parse_mapping(text, option):
@@ -444,185 +315,86 @@ def apply_overrides(experiments, args):
 
 
 # --- training with Tune ---------------------------------------------------------------------------
-class ProgressLines(tune.Callback):
-    """Print `progress_line` for every result Tune receives."""
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        print(progress_line(str(trial), result), flush=True)
-
-
-def _names_below(flat_result, prefix):
-    head = f"{prefix}/" if prefix else ""
-    return {key[len(head) :].split("/")[0] for key in flat_result if key.startswith(head)}
-
-
-def diagnose_stop_key(key, flat_result):
-    """Why the stop key `key` is not in the flattened result `flat_result`.
-
-    Returns `(True, message)` when the key cannot be right: it names a group, descends into a
-    number, or has a misspelt name (one close to a name the result has at that level, and not a
-    name DreamerV3 reports only in some iterations). Returns `(False, message)` for a name that is
-    neither reported nor close to one (maybe a callback's metric that comes later), and `None`
-    for a name that DreamerV3 reports only in some iterations (`LATE_RESULT_NAMES`, throughputs).
-    """
-    parts = key.split("/")
-    for depth, name in enumerate(parts):
-        prefix = "/".join(parts[:depth])
-        if prefix in flat_result:
-            return True, f"{prefix!r} is a number, not a group of results; stop on it itself."
-        names = _names_below(flat_result, prefix)
-        if name not in names:
-            break
-    else:  # every name exists, yet the key is no value: it is a group
-        inside = min(
-            (k for k in flat_result if k.startswith(f"{key}/")), key=lambda k: ("/_" in k, k)
-        )  # not one of RLlib's `__all_modules__`
-        return True, (
-            f"it is a group of results, not a number; name one inside it, e.g. {inside!r}."
-        )
-    if name in LATE_RESULT_NAMES or name.endswith("_throughput"):
-        return None
-    close = _closest(name, names, RESULT_TYPO_CUTOFF)
-    if close is None:
-        return False, "and no result key is close to it"
-    fix = "/".join([*parts[:depth], close, *parts[depth + 1 :]])
-    if fix not in flat_result:  # later names may be misspelt too: the nearest key in that group
-        group = "/".join([*parts[:depth], close])
-        fix = _closest(
-            fix, [k for k in flat_result if k == group or k.startswith(f"{group}/")], 0.0
-        )
-    return True, f"Did you mean {fix!r}?"
-
-
-class StopCriteria(tune.Stopper):
-    """Tune's `stop={key: threshold}` that also checks its keys against the results.
-
-    A trial stops once a result reaches any threshold, as with a `stop` dict. In addition, every
-    key is looked up in each result until it has been seen: a key that cannot be right (see
-    `diagnose_stop_key`: a misspelling of a key the result has, a group) stops the whole
-    experiment and is kept in `problem`, which `run_experiments` raises as a `CliError` once
-    Tune has returned. A key that is merely absent is reported once and waited for.
-    """
-
-    def __init__(self, stop, where):
-        self.stop = dict(stop)
-        self.where = where
-        self.problem = None
-        self._seen = set()
-        self._reported = set()
-
-    def __call__(self, trial_id, result):
-        flat = flatten_dict(result, delimiter="/")
-        iteration = result.get("training_iteration", "?")
-        for key in self.stop:
-            if key in self._seen:
-                continue
-            if key in flat:
-                self._seen.add(key)
-                continue
-            # Checked again at every result until the key appears: a misspelling of a late
-            # name (episode returns, say) shows once that name is in the results.
-            diagnosis = diagnose_stop_key(key, flat)
-            if diagnosis is None:
-                continue
-            fatal, detail = diagnosis
-            if fatal:
-                self.problem = (
-                    f"{self.where}: stop key {key!r} is not in the results of "
-                    f"iteration {iteration}: {detail} {STOP_KEYS_HELP} Training "
-                    "was stopped."
-                )
-                return True
-            if key not in self._reported:
-                self._reported.add(key)
-                print(
-                    f"{self.where}: warning: stop key {key!r} is not in the results of "
-                    f"iteration {iteration} ({detail}); if it is never reported, only the "
-                    "other stop keys or Ctrl-C end training.",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        for key, threshold in self.stop.items():
-            if key not in flat:
-                continue
-            try:
-                if flat[key] >= threshold:
-                    return True
-            except (TypeError, ValueError):  # a string, or an array with several entries
-                self.problem = (
-                    f"{self.where}: stop key {key!r} is {flat[key]!r} in the "
-                    f"results, not a number that can reach {threshold!r}. "
-                    f"{STOP_KEYS_HELP} Training was stopped."
-                )
-                return True
-        return False
-
-    def stop_all(self):
-        return self.problem is not None
-
-
 def run_experiments(experiments, source, args):
-    """Run every experiment with Tune, one after the other; 0 if every trial finished cleanly."""
-    checked = {name: check_experiment(source, name, spec) for name, spec in experiments.items()}
+    """Run every experiment with Tune (`tune.run` of each `tune.Experiment`, one after the
+    other); 0 if every trial finished cleanly."""
+    checked = [check_experiment(source, name, spec) for name, spec in experiments.items()]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by Ray's worker processes
+    # Tune's classic output engine: it prints nothing at verbose=0 and takes a `CLIReporter`
+    # with chosen columns (the default engine prints its banners at any verbosity).
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    verbose = getattr(args, "verbose", 0)
     ray.init(
-        num_cpus=getattr(args, "num_cpus", None), include_dashboard=False, ignore_reinit_error=True
+        num_cpus=getattr(args, "num_cpus", None),
+        include_dashboard=False,
+        ignore_reinit_error=True,
+        logging_level=logging.INFO if verbose else logging.WARNING,
     )
     failed = 0
-    for name, (run, param_space, stop, checkpoint_config, num_samples, storage) in checked.items():
-        if not stop:
+    for experiment in checked:
+        stopper, name = experiment.stopper, experiment.storage.experiment_dir_name
+        path = experiment.storage.experiment_fs_path
+        print(f"{name}: results in {path}; watch with: tensorboard --logdir {path}", flush=True)
+        if stopper is None:
             print(
                 f"{name}: no stop criterion, training runs until Ctrl-C (add "
                 "--stop '{training_iteration: 10}').",
                 flush=True,
             )
-        stopper = StopCriteria(stop, f"{source}, experiment {name!r}") if stop else None
-        tuner = tune.Tuner(
-            run,
-            param_space=param_space,
-            tune_config=tune.TuneConfig(num_samples=num_samples),
-            run_config=tune.RunConfig(
-                name=name,
-                stop=stopper,
-                storage_path=storage and os.path.abspath(storage),
-                checkpoint_config=tune.CheckpointConfig(**checkpoint_config),
-                callbacks=[ProgressLines()],
-                verbose=getattr(args, "verbose", 1),
-            ),
+        analysis = tune.run(
+            experiment,
+            verbose=verbose,
+            progress_reporter=status_table(experiment.spec["config"]),
+            raise_on_failed_trial=False,
+            callbacks=[ProgressLines(stopper and stopper.stop)],
         )
-        results = tuner.fit()
         if stopper is not None and stopper.problem:  # Tune stopped cleanly; say why, exit 2
             raise CliError(stopper.problem)
-        for result in results:
-            label = os.path.basename(result.path)
-            if result.error is not None:
-                failed += 1
-                last_line = (str(result.error).strip().splitlines() or [""])[-1]
-                print(
-                    f"{label}: FAILED ({type(result.error).__name__}: {last_line}). "
-                    f"Full traceback: {os.path.join(result.path, 'error.txt')}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                continue
-            checkpoint = result.checkpoint.path if result.checkpoint else None
-            print(f"{label}: {progress_line('done,', result.metrics)}", flush=True)
-            if checkpoint:
-                print(
-                    f"  checkpoint: {checkpoint}\n  evaluate:   rllib evaluate {checkpoint} "
-                    "--episodes 10",
-                    flush=True,
-                )
-        print(
-            f"{name}: results in {results.experiment_path} (tensorboard --logdir "
-            f"{results.experiment_path})",
-            flush=True,
-        )
+        failed += sum(_report_trial(trial) for trial in analysis.trials)
     return 1 if failed else 0
 
 
+def status_table(param_space):
+    """Tune's status table for DreamerV3 trials: return, losses and env steps, and only the
+    swept parameters (the `grid_search`/search-space entries of `param_space`)."""
+    swept = [k for k, v in param_space.items() if _first_variant(v) is not v]
+    return tune.CLIReporter(
+        metric_columns={
+            "num_env_steps_sampled_lifetime": "env steps",
+            "episode_return_mean": "return",
+            **{name: name for name in PROGRESS_LOSSES},
+        },
+        parameter_columns=swept,
+        max_report_frequency=30,
+    )
+
+
+def _report_trial(trial):
+    """Print how `trial` ended (its checkpoint and how to evaluate it); True if it failed."""
+    if trial.status == trial.ERROR:
+        print(
+            f"{trial}: FAILED after {trial.last_result.get('training_iteration', 0)} "
+            f"iterations. Full traceback: {trial.error_file}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+    print(f"{trial}: {progress_line('done,', trial.last_result)}", flush=True)
+    checkpoint = trial.checkpoint
+    if checkpoint is not None:
+        print(
+            f"  checkpoint: {checkpoint.path}\n  evaluate:   rllib evaluate {checkpoint.path} "
+            "--episodes 10",
+            flush=True,
+        )
+    return False
+
+
 # --- evaluation -----------------------------------------------------------------------------------
-MODULE_STATE_DIR = os.path.join("learner_group", "learner", "rl_module", "default_policy")
+MODULE_STATE_DIR = os.path.join(
+    COMPONENT_LEARNER_GROUP, COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+)
+CTOR_FILE = Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME
 
 
 def _checkpoint_candidates(path):
@@ -635,7 +407,12 @@ def _checkpoint_candidates(path):
 
 
 def load_checkpoint_config(path):
-    """The `DreamerV3Config` saved in an Algorithm checkpoint, or a `CliError` that says why not."""
+    """The `DreamerV3Config` saved in an Algorithm checkpoint, or a `CliError` that says why not.
+
+    It is the first constructor argument that RLlib's `Checkpointable.save_to_path` stores in
+    `CTOR_FILE`; `Algorithm.from_checkpoint` would read it the same way, but would also build
+    the Learner and restore the replay buffer, which evaluation does not need.
+    """
     if not os.path.exists(path):
         raise CliError(
             f"{path}: no such checkpoint directory. Give the checkpoint_NNNNNN "
@@ -644,12 +421,10 @@ def load_checkpoint_config(path):
         )
     if not os.path.isdir(path):
         raise CliError(f"{path}: is a file; a checkpoint is a directory (checkpoint_NNNNNN).")
-    ctor_file = os.path.join(path, "class_and_ctor_args.pkl")
+    ctor_file = os.path.join(path, CTOR_FILE)
     checkpoints.recover_interrupted_save(path)
     try:  # the files evaluation reads: the config and the policy's weights
-        checkpoints.verify(
-            path, prefixes=("class_and_ctor_args.pkl", MODULE_STATE_DIR.replace(os.sep, "/"))
-        )
+        checkpoints.verify(path, prefixes=(CTOR_FILE, MODULE_STATE_DIR.replace(os.sep, "/")))
     except checkpoints.CheckpointError as err:
         raise CliError(str(err)) from None
     if not os.path.isfile(ctor_file) or not os.path.isdir(os.path.join(path, MODULE_STATE_DIR)):
@@ -661,7 +436,7 @@ def load_checkpoint_config(path):
             "(--checkpoint-freq, checkpoint_at_end)?"
         )
         raise CliError(
-            f"{path}: not an RLlib Algorithm checkpoint (no class_and_ctor_args.pkl"
+            f"{path}: not an RLlib Algorithm checkpoint (no {CTOR_FILE}"
             f" and {MODULE_STATE_DIR}).{hint}"
         )
     try:
@@ -723,8 +498,12 @@ def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, vide
                 f"{err}). The checkpoint is corrupt, or --env has other spaces than "
                 "the env it was trained on."
             ) from None
+        bar = tqdm(total=episodes, desc="evaluating", unit="episode", leave=False, disable=None)
         try:
-            runner.sample(num_episodes=episodes)
+            with bar:
+                for _ in range(episodes):  # one env: the same episodes as one call for all
+                    runner.sample(num_episodes=1)
+                    bar.update()
         except DependencyNotInstalled as err:  # e.g. the renderer for --video-dir
             raise CliError(f"{config.env}: {err}") from None
         metrics = runner.get_metrics()
@@ -796,7 +575,7 @@ def _add_run_options(parser):
         "--verbose",
         type=int,
         choices=(0, 1, 2),
-        help="Tune's own output: 0 none, 1 status table (default), 2 every "
+        help="Tune's own output: 0 none (default), 1 status table, 2 every "
         "result; a progress line per iteration is printed in any case",
     )
 
@@ -897,7 +676,7 @@ def main(argv=None, prog=None):
         if args.command == "evaluate":
             return _evaluate_command(args)
         return _train_command(args, parser)
-    except CliError as err:
+    except (CliError, StopCriteriaError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

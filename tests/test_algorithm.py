@@ -89,6 +89,17 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
     assert result["replay_buffer"]["num_steps_stored"] >= sampled
     assert result["replay_buffer"]["num_bytes"] > 0
     assert "dreams" not in result  # dream summaries come every 1000 updates by default
+    # The result begins with the summary that Tune's status table shows as columns.
+    summary = dict(list(result.items())[:4])
+    # NaN where no episode has ended yet (Pendulum's last 200 steps)
+    episode_return = result["env_runners"].get("episode_return_mean", np.nan)
+    np.testing.assert_equal(
+        summary,
+        {
+            "episode_return_mean": episode_return,
+            **{key: learner[key] for key in ("L_world_model", "L_actor", "L_critic")},
+        },
+    )
 
 
 def test_pong_trains_two_iterations_with_uint8_frames_and_dreams():
@@ -116,6 +127,22 @@ def test_pong_trains_two_iterations_with_uint8_frames_and_dreams():
     assert dreams["video"].shape == (1, 8, 3, 64, 3 * 64)
     assert dreams["reconstruction"].shape == (3, 2 * 64, 8 * 64)
     assert np.isfinite(dreams["obs_mse_open_loop"])
+
+
+def test_warm_up_in_rounds_samples_what_one_call_would():
+    # 37 warm-up steps on 2 envs: one call would step each env 19 times; ten rounds of 4 steps
+    # (a multiple of the env count) and a remainder of 1 end at the same 38.
+    config = tiny_config(num_steps_sampled_before_learning_starts=37)
+    algo = config.env_runners(num_envs_per_env_runner=2).build_algo()
+    try:
+        calls = []
+        sample = algo._sample
+        algo._sample = lambda **kw: calls.append(kw["num_timesteps"]) or sample(**kw)
+        algo._warm_up(37)
+        assert calls == [4] * 9 + [1]
+        assert algo.replay_buffer.num_steps_added == 38
+    finally:
+        algo.stop()
 
 
 def test_training_step_warm_up_then_ratio():

@@ -131,8 +131,8 @@ TUNED_EXAMPLES = sorted(
 @pytest.mark.parametrize("path", TUNED_EXAMPLES, ids=os.path.basename)
 def test_every_tuned_example_passes_the_checks(path):
     for name, spec in cli.load_experiments(path).items():
-        run, param_space, *_ = cli.check_experiment(path, name, spec)
-        assert run == "DreamerV3" and param_space["env"]
+        experiment = cli.check_experiment(path, name, spec)
+        assert experiment.spec["run"] == "DreamerV3" and experiment.spec["config"]["env"]
 
 
 @pytest.fixture
@@ -174,12 +174,15 @@ def test_command_line_overrides_of_a_file(captured_run, tmp_path):
         )
         == 0
     )
-    [(run, param_space, stop, checkpoint_config, num_samples, storage)] = captured_run[0].values()
-    assert run == "DreamerV3" and param_space["env"] == "Pendulum-v1"
+    [experiment] = captured_run[0].values()
+    spec, param_space = experiment.spec, experiment.spec["config"]
+    assert spec["run"] == "DreamerV3" and param_space["env"] == "Pendulum-v1"
     assert param_space["training_ratio"] == 64 and param_space["model_size"] == "nano"
-    assert stop == {"training_iteration": 7}  # replaces the file's
-    assert checkpoint_config == {"checkpoint_frequency": 3, "checkpoint_at_end": True}
-    assert num_samples == 2 and storage == str(tmp_path / "out")
+    assert experiment.stopper.stop == {"training_iteration": 7}  # replaces the file's
+    checkpoint_config = experiment.checkpoint_config
+    assert checkpoint_config.checkpoint_frequency == 3 and checkpoint_config.checkpoint_at_end
+    assert spec["num_samples"] == 2
+    assert experiment.storage.experiment_fs_path == str(tmp_path / "out" / "tiny-cartpole")
 
 
 def test_quick_train_without_a_file(captured_run):
@@ -198,15 +201,16 @@ def test_quick_train_without_a_file(captured_run):
         )
         == 0
     )
-    [(name, (run, param_space, stop, checkpoint_config, *_))] = captured_run[0].items()
-    assert name == "DreamerV3_CartPole-v1" and run == "DreamerV3"
-    assert param_space == {
+    [(name, experiment)] = captured_run[0].items()
+    assert name == "DreamerV3_CartPole-v1" and experiment.spec["run"] == "DreamerV3"
+    assert experiment.spec["config"] == {
         "model_size": "nano",
         "batch_size_B": 4,
         "batch_length_T": 8,
         "env": "CartPole-v1",
     }
-    assert stop == {} and checkpoint_config == {"checkpoint_at_end": False}
+    assert experiment.stopper is None and experiment.spec["stop"] == {}
+    assert not experiment.checkpoint_config.checkpoint_at_end
 
 
 def test_missing_yaml(capsys, tmp_path):
@@ -357,3 +361,31 @@ def test_progress_line():
         "trial iter 3 | env steps 1500 | updates 40 | return 23.46 | "
         "L_world_model 1.5 L_actor -0.25 L_critic 2 | 12 s"
     )
+    # With the stop criteria, the ETA of the nearest counter at the rate so far: 1500 steps in
+    # 12.3 s, 3000 to go -> 24.6 s; 3 iterations in 12.3 s, 7 to go -> 28.7 s. A threshold on
+    # the return has no ETA.
+    stop = {"num_env_steps_sampled_lifetime": 4500, "training_iteration": 10, "x/y": 5}
+    assert cli.progress_line("trial", result, stop).endswith("| 12 s | ETA 25 s")
+    assert cli.progress_line("trial", result, {"time_total_s": 3600}).endswith("ETA 60 min")
+
+
+def test_status_table_shows_return_losses_and_only_swept_parameters():
+    from ray import tune
+
+    reporter = cli.status_table(
+        {
+            "env": "CartPole-v1",
+            "model_size": "nano",
+            "training_ratio": {"grid_search": [32, 64]},
+            "world_model_lr": tune.choice([1e-4, 3e-4]),
+        }
+    )
+    # CLIReporter has no public getters; these are what its table prints.
+    assert reporter._parameter_columns == ["training_ratio", "world_model_lr"]
+    assert reporter._metric_columns == {
+        "num_env_steps_sampled_lifetime": "env steps",
+        "episode_return_mean": "return",
+        "L_world_model": "L_world_model",
+        "L_actor": "L_actor",
+        "L_critic": "L_critic",
+    }

@@ -23,7 +23,7 @@ import yaml
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rllib_dreamerv3 import DreamerV3, DreamerV3Config, checkpoints, cli
+from rllib_dreamerv3 import DreamerV3, DreamerV3Config, checkpoints, cli, stopping
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
 from rllib_dreamerv3.replay_buffer import ReplayBuffer
 from rllib_dreamerv3.update import batch_signature, make_update_fn
@@ -710,7 +710,7 @@ def test_stop_criteria_reject_a_misspelt_key_once_the_results_show_it(capsys):
         "env_runners/my_metric": 1.0,
         "training_iteration": 3,
     }
-    stopper = cli.StopCriteria(valid, "exp.yaml, experiment 'tiny'")
+    stopper = stopping.StopCriteria(valid, "exp.yaml, experiment 'tiny'")
     assert not stopper("t", _result(episodes=False)) and not stopper.stop_all()
     assert not stopper("t", _result(episodes=True)) and stopper.problem is None
     assert capsys.readouterr().err.count("'env_runners/my_metric'") == 1  # warned once
@@ -720,7 +720,7 @@ def test_stop_criteria_reject_a_misspelt_key_once_the_results_show_it(capsys):
 
     # A misspelt episode key cannot be told apart before an episode has ended; once the
     # results have the key it was meant to be, the whole experiment stops with the fix.
-    stopper = cli.StopCriteria(
+    stopper = stopping.StopCriteria(
         {"env_runners/episode_return_man": 100.0}, "exp.yaml, experiment 'tiny'"
     )
     assert not stopper("t", _result(episodes=False)) and not stopper.stop_all()
@@ -735,13 +735,15 @@ def test_stop_criteria_reject_a_misspelt_key_once_the_results_show_it(capsys):
         ),
         ("learners/default_polcy/L_actor", "Did you mean 'learners/default_policy/L_actor'?"),
         ("learners/default_policy", "e.g. 'learners/default_policy/L_actor'"),
-        ("time_total_s/max", "'time_total_s' is a number"),
     ]:
-        stopper = cli.StopCriteria({key: 1.0}, "exp")
+        stopper = stopping.StopCriteria({key: 1.0}, "exp")
         assert stopper("t", _result(episodes=False)) and stopper.stop_all(), key
         assert fix in stopper.problem, stopper.problem
+    # What is wrong without any result is refused when the criteria are made.
+    with pytest.raises(stopping.StopCriteriaError, match="'time_total_s' is a number"):
+        stopping.StopCriteria({"time_total_s/max": 1.0}, "exp")
 
-    stopper = cli.StopCriteria({"config/model_size": 1.0}, "exp")
+    stopper = stopping.StopCriteria({"config/model_size": 1.0}, "exp")
     assert stopper("t", _result(episodes=False)) and "'nano' in the results" in stopper.problem
 
 

@@ -101,7 +101,11 @@ def test_sweep_example_fits_two_cores():
     tuner = sweep.build_tuner(num_samples=1, max_env_steps=4000, storage_path="/tmp/unused")
     tune_config = tuner._local_tuner._tune_config  # Tuner has no public getters for these
     assert isinstance(tune_config.scheduler, ASHAScheduler)
-    assert tune_config.max_concurrent_trials == 2 and tune_config.mode == "max"
+    assert tune_config.max_concurrent_trials == 2
+    # The metric is the scheduler's: a TuneConfig metric makes Tune's status print the best
+    # trial's whole config every 30 s.
+    assert tune_config.metric is None and tune_config.scheduler.metric == sweep.METRIC
+    assert tune_config.scheduler._mode == "max"
     param_space = tuner._local_tuner._param_space
     assert param_space["training_ratio"] == {"grid_search": [256, 512]}
     config = DreamerV3Config().update_from_dict(

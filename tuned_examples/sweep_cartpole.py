@@ -11,13 +11,11 @@ share the trial's process; TF is held to one thread). ASHA compares trials on
 import argparse
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 from ray import tune  # noqa: E402
 from ray.tune.schedulers import ASHAScheduler  # noqa: E402
 
 from rllib_dreamerv3 import DreamerV3  # noqa: E402
-from rllib_dreamerv3.cli import ProgressLines  # noqa: E402
+from rllib_dreamerv3.progress import ProgressLines  # noqa: E402
 
 METRIC = "env_runners/episode_return_mean"
 
@@ -36,7 +34,12 @@ def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
         "min_sample_timesteps_per_iteration": 500,
         "metrics_num_episodes_for_smoothing": 10,
     }
+    stop = {"num_env_steps_sampled_lifetime": max_env_steps, METRIC: 450}
+    # The metric goes to the scheduler, not to TuneConfig: with a TuneConfig metric, Tune's
+    # status prints the best trial's whole config every 30 s.
     scheduler = ASHAScheduler(
+        metric=METRIC,
+        mode="max",
         time_attr="num_env_steps_sampled_lifetime",
         max_t=max_env_steps,
         grace_period=max_env_steps // 4,
@@ -46,8 +49,6 @@ def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
         DreamerV3,
         param_space=param_space,
         tune_config=tune.TuneConfig(
-            metric=METRIC,
-            mode="max",
             scheduler=scheduler,
             num_samples=num_samples,
             max_concurrent_trials=2,
@@ -55,9 +56,9 @@ def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
         run_config=tune.RunConfig(
             name="sweep-cartpole-dreamerv3",
             storage_path=storage_path,
-            stop={"num_env_steps_sampled_lifetime": max_env_steps, METRIC: 450},
+            stop=stop,
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True, num_to_keep=1),
-            callbacks=[ProgressLines()],
+            callbacks=[ProgressLines(stop)],
             verbose=1,
         ),
     )
@@ -77,7 +78,7 @@ def main():
         args.max_env_steps,
         args.storage_path and os.path.abspath(args.storage_path),
     ).fit()
-    best = results.get_best_result()
+    best = results.get_best_result(metric=METRIC, mode="max")
     print(
         f"best: {METRIC}={best.metrics['env_runners']['episode_return_mean']:.1f} with "
         f"training_ratio={best.config['training_ratio']}, "

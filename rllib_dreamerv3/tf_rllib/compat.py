@@ -101,14 +101,25 @@ class _DropMessages(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
+# Logger name -> message prefixes of Ray notices that ask nothing of the user: Tune's "Install
+# gputil" (system monitoring works without it on machines without GPUs) and the note, at every
+# `ray.init` that starts a local cluster, that token authentication is on (Ray's default).
+RAY_NOTICES = {
+    "ray.tune.utils.util": ("Install gputil",),
+    "ray._private.authentication.authentication_token_setup": (
+        "Token authentication is enabled for this Ray cluster",
+    ),
+}
+
+
 def silence_rllib_notices():
     """Mark RLlib's banner and self-inflicted deprecation notices as already logged in this
-    process, and drop Tune's "Install gputil" notice (system monitoring works without it on
-    machines without GPUs). Idempotent."""
+    process, and drop the Ray notices in `RAY_NOTICES`. Idempotent."""
     from ray.util import log_once
 
     for key in RLLIB_NOTICE_KEYS:
         log_once(key)
-    tune_util = logging.getLogger("ray.tune.utils.util")
-    if not any(isinstance(f, _DropMessages) for f in tune_util.filters):
-        tune_util.addFilter(_DropMessages(("Install gputil",)))
+    for name, prefixes in RAY_NOTICES.items():
+        named = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in named.filters):
+            named.addFilter(_DropMessages(prefixes))

@@ -561,7 +561,7 @@ def test_silenced_notices_match_what_ray_logs():
     from ray.tune.utils import util as tune_util
     from ray.util import log_once
 
-    from rllib_dreamerv3.tf_rllib.compat import RLLIB_NOTICE_KEYS
+    from rllib_dreamerv3.tf_rllib.compat import RAY_NOTICES, RLLIB_NOTICE_KEYS
 
     apply_ray_patches()
     banner_key, deprecation_key = RLLIB_NOTICE_KEYS
@@ -575,16 +575,17 @@ def test_silenced_notices_match_what_ray_logs():
     assert 'logger.warning("Install gputil for GPU system monitoring.")' in inspect.getsource(
         tune_util
     )
-    record = logging.LogRecord(
-        "ray.tune.utils.util",
-        logging.WARNING,
-        "",
-        0,
-        "Install gputil for GPU system monitoring.",
-        None,
-        None,
+    from ray._private.authentication import authentication_token_setup
+
+    assert authentication_token_setup.logger.name in RAY_NOTICES
+    assert '"Token authentication is enabled for this Ray cluster. Set "' in inspect.getsource(
+        authentication_token_setup
     )
-    other = logging.LogRecord("ray.tune.utils.util", logging.WARNING, "", 0, "other", None, None)
-    logger = logging.getLogger("ray.tune.utils.util")
-    assert not logger.filter(record)
-    assert logger.filter(other)
+    assert tune_util.logger.name in RAY_NOTICES
+    for name, prefixes in RAY_NOTICES.items():
+        logger = logging.getLogger(name)
+        for prefix in prefixes:
+            record = logging.LogRecord(name, logging.WARNING, "", 0, prefix + " ...", None, None)
+            assert not logger.filter(record), prefix
+        other = logging.LogRecord(name, logging.WARNING, "", 0, "other", None, None)
+        assert logger.filter(other)
