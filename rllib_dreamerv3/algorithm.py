@@ -78,6 +78,14 @@ HYPERPARAMETERS = {
     "unimix": (0.01, "uniform mixture of latent and discrete-action categoricals"),
     "num_bins": (255, "two-hot bins of the reward and critic heads"),
     "cnn_kernel": (4, "kernel size of the image encoder's and decoder's convolutions"),
+    "vector_mlp_units": (
+        None,
+        "width of the vector-observation encoder and decoder MLPs (None: the model size's)",
+    ),
+    "vector_mlp_layers": (
+        None,
+        "hidden layers of the vector-observation encoder and decoder (None: the model size's)",
+    ),
     "actor_min_std": (0.1, "minimum std of the continuous actor"),
     "actor_max_std": (1.0, "maximum std of the continuous actor"),
     "replay_capacity": (1_000_000, "replay capacity in env steps (FIFO)"),
@@ -305,6 +313,8 @@ class DreamerV3Config(AlgorithmConfig):
         unimix: float = NotProvided,
         num_bins: int = NotProvided,
         cnn_kernel: int = NotProvided,
+        vector_mlp_units: int | None = NotProvided,
+        vector_mlp_layers: int | None = NotProvided,
         actor_min_std: float = NotProvided,
         actor_max_std: float = NotProvided,
         replay_capacity: int = NotProvided,
@@ -359,6 +369,8 @@ class DreamerV3Config(AlgorithmConfig):
             "actor_min_std",
             "actor_max_std",
             "cnn_kernel",
+            "vector_mlp_units",
+            "vector_mlp_layers",
             "precision",
             "jit_compile",
         )
@@ -389,6 +401,13 @@ class DreamerV3Config(AlgorithmConfig):
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
                 self._value_error(f"{name}={value!r} must be a positive integer.")
+        for name in ("vector_mlp_units", "vector_mlp_layers"):
+            value = getattr(self, name)
+            integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            if value is not None and not (integer and value > 0):
+                self._value_error(
+                    f"{name}={value!r} must be a positive integer, or None for the model size's."
+                )
         for name in _NON_NEGATIVE_INTS:
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:

@@ -1,10 +1,16 @@
 """Atari environments as in the DreamerV3 paper's Atari experiments, from ale-py and gymnasium.
 
-`make_atari_env("ALE/Pong-v5", env_config)` gives an env with the full 18-action set, sticky
-actions (p = 0.25, applied by the ALE on every emulator frame), action repeat 4 with the last
+`make_atari_env("ALE/Pong-v5", env_config)` gives an env with action repeat 4 with the last
 two frames max-pooled, 64×64 uint8 RGB observations (area interpolation), no life-loss signal,
-no no-op starts, and episodes truncated (not terminated) after 108,000 emulator frames. One
-`step` is one agent step: 4 emulator frames. ale-py ships the ROMs.
+and episodes truncated (not terminated) after 108,000 emulator frames, under one of two
+protocols (`env_config={"protocol": ...}`), as in the author's configs:
+
+- `"atari"` (default; the paper's 200M-frame Atari setup): the full 18-action set, sticky
+  actions (p = 0.25, applied by the ALE on every emulator frame), no no-op starts;
+- `"atari100k"` (the Atari100k benchmark): the game's minimal action set (6 in Pong), no sticky
+  actions, and 1 to 30 no-op emulator frames after each reset (drawn from the env's seeded RNG).
+
+One `step` is one agent step: 4 emulator frames. ale-py ships the ROMs.
 
 Ids in the `ALE/` namespace are Atari ids here: v5 is built as above, other versions are
 rejected rather than silently given the paper's setup. Legacy ids without the namespace (e.g.
@@ -21,8 +27,9 @@ ENV_CONFIG = {
     "protocol": (
         "atari",
         (
-            "'atari': sticky actions with p = 0.25 (the paper's Atari setup); "
-            "'atari100k': no sticky actions (the Atari100k benchmark)"
+            "'atari': 18 actions, sticky actions with p = 0.25 (the paper's Atari setup); "
+            "'atari100k': the minimal action set, no sticky actions, up to 30 no-op starts "
+            "(the Atari100k benchmark)"
         ),
     ),
     "grayscale": (
@@ -39,6 +46,8 @@ ENV_CONFIG = {
 }
 RENDER_MODES = (None, "rgb_array", "human")
 STICKY_ACTION_PROBABILITY = {"atari": 0.25, "atari100k": 0.0}
+FULL_ACTION_SPACE = {"atari": True, "atari100k": False}
+NOOP_MAX = {"atari": 0, "atari100k": 30}
 ACTION_REPEAT = 4
 SCREEN_SIZE = 64
 MAX_FRAMES_PER_EPISODE = 108_000  # 30 minutes of play at 60 frames per second
@@ -109,14 +118,14 @@ def make_atari_env(env_id, env_config=None):
     env = gym.make(
         game_id,
         frameskip=1,
-        full_action_space=True,
+        full_action_space=FULL_ACTION_SPACE[settings["protocol"]],
         repeat_action_probability=STICKY_ACTION_PROBABILITY[settings["protocol"]],
         max_num_frames_per_episode=MAX_FRAMES_PER_EPISODE,
         render_mode=settings["render_mode"],
     )
     return gym.wrappers.AtariPreprocessing(
         env,
-        noop_max=0,
+        noop_max=NOOP_MAX[settings["protocol"]],
         frame_skip=ACTION_REPEAT,
         screen_size=SCREEN_SIZE,
         terminal_on_life_loss=False,

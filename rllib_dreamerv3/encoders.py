@@ -31,11 +31,11 @@ def restore_leading(x, lead, inner_rank):
 
 
 class VectorEncoder(tf.Module):
-    """symlog(obs) -> MLP: `[..., obs_dim]` -> `[..., dense_units]`."""
+    """symlog(obs) -> MLP: `[..., obs_dim]` -> `[..., units]` (`size.vector_mlp`)."""
 
     def __init__(self, obs_dim, size, name=None):
         super().__init__(name=name)
-        self.mlp = MLP(obs_dim, size.dense_units, size.mlp_layers)
+        self.mlp = MLP(obs_dim, *size.vector_mlp)
         self.out_units = self.mlp.out_units
 
     def __call__(self, obs):
@@ -48,7 +48,7 @@ class VectorDecoder(tf.Module):
 
     def __init__(self, feat_dim, obs_dim, size, name=None):
         super().__init__(name=name)
-        self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=obs_dim)
+        self.mlp = MLP(feat_dim, *size.vector_mlp, out_units=obs_dim)
 
     def __call__(self, feat):
         x, lead = flatten_leading(feat, 1)

@@ -214,7 +214,10 @@ def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weight
     scale = math_ops.return_scale_update(
         model.return_scale, sg(returns), hp.return_normalization_decay
     )
-    adv = math_ops.normalized_advantage(returns, sg(value[:-1]), scale)
+    # With continuous actions the advantage is differentiated through the returns and through
+    # the baseline v(s_t), whose state depends on the actor's earlier actions (as in the
+    # author's `-(R - v(s)) / S`); the actor loss updates only the actor's variables.
+    adv = math_ops.normalized_advantage(returns, value[:-1], scale)
     dist, actions = imagined.dist, imagined.actions  # the actor's on sg(s_t)
     entropy = actor.entropy(dist)
     objective = sg(adv) * actor.log_prob(dist, actions) if actor.discrete else adv

@@ -5,6 +5,7 @@ XS…XL follow the paper's table B. nano…XXS are debug sizes with fewer latent
 classes (the same numbers as RLlib's built-in DreamerV3, so that benchmarks compare like with like).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -18,6 +19,15 @@ class ModelSize:
     mlp_layers: int  # hidden layers of encoder, decoder, heads, actor and critic
     num_categoricals: int  # z: this many independent categoricals ...
     num_classes: int  # ... of this many classes each
+    # The vector-observation encoder and decoder MLPs (None: `dense_units`, `mlp_layers`).
+    vector_mlp_units: int | None = None
+    vector_mlp_layers: int | None = None
+
+    @property
+    def vector_mlp(self):
+        """`(units, layers)` of the vector-observation encoder and decoder MLPs."""
+        units = self.vector_mlp_units or self.dense_units
+        return units, self.vector_mlp_layers or self.mlp_layers
 
 
 MODEL_SIZES = {
@@ -33,11 +43,14 @@ MODEL_SIZES = {
 }
 
 
-def get_model_size(name):
-    """The :class:`ModelSize` called `name`; a clear `ValueError` for unknown names."""
+def get_model_size(name, vector_mlp_units=None, vector_mlp_layers=None):
+    """The :class:`ModelSize` called `name`, with the vector encoder/decoder MLP's width and
+    depth where given; a clear `ValueError` for unknown names."""
     if name not in MODEL_SIZES:
         raise ValueError(
             f"Unknown model_size={name!r}. Use one of {list(MODEL_SIZES)} "
             "(XS…XL are the paper's sizes, nano…XXS small sizes for debugging)."
         )
-    return MODEL_SIZES[name]
+    return dataclasses.replace(
+        MODEL_SIZES[name], vector_mlp_units=vector_mlp_units, vector_mlp_layers=vector_mlp_layers
+    )

@@ -42,7 +42,11 @@ class DreamerV3RLModule(TfRLModule):
             obs_shape=self.observation_space.shape,
             action_dim=action_dim(self.action_space),
             discrete=is_discrete(self.action_space),
-            size=get_model_size(cfg.get("model_size", "XS")),
+            size=get_model_size(
+                cfg.get("model_size", "XS"),
+                cfg.get("vector_mlp_units"),
+                cfg.get("vector_mlp_layers"),
+            ),
             unimix=cfg.get("unimix", 0.01),
             num_bins=cfg.get("num_bins", 255),
             actor_min_std=cfg.get("actor_min_std", 0.1),

@@ -75,19 +75,46 @@ def test_atari100k_protocol_has_no_sticky_actions_and_grayscale_has_one_channel(
     env.close()
 
 
+def test_atari100k_protocol_has_the_minimal_action_set_and_1_to_30_noop_starts():
+    env = make_atari_env("ALE/Pong-v5", {"protocol": "atari100k"})
+    ale = env.unwrapped.ale
+    assert env.action_space == gym.spaces.Discrete(6)  # Pong's minimal action set
+    assert len(ale.getMinimalActionSet()) == 6
+    # Each reset plays a number of no-op emulator frames drawn from 1..30 (the env's RNG).
+    env.reset(seed=0)
+    noops = [ale.getEpisodeFrameNumber()]
+    for _ in range(39):
+        env.reset()
+        noops.append(ale.getEpisodeFrameNumber())
+    assert 1 <= min(noops) and max(noops) <= 30 and len(set(noops)) > 10
+    env.reset(seed=0)
+    again = [ale.getEpisodeFrameNumber()]
+    for _ in range(39):
+        env.reset()
+        again.append(ale.getEpisodeFrameNumber())
+    assert again == noops  # seeded
+    # The default protocol: 18 actions, no no-ops.
+    full = make_atari_env("ALE/Pong-v5")
+    assert full.action_space == gym.spaces.Discrete(18)
+    full.reset(seed=0)
+    assert full.unwrapped.ale.getEpisodeFrameNumber() == 0
+    full.close()
+    env.close()
+
+
 def test_observation_is_the_max_of_the_last_two_of_four_frames():
     # No sticky actions, so replaying an action on the raw ALE from a cloned state gives the
     # same frames the wrapper saw.
     env = make_atari_env("ALE/Pong-v5", {"protocol": "atari100k"})
     env.reset(seed=0)
     ale = env.unwrapped.ale
-    ale_actions = ale.getLegalActionSet()
+    ale_actions = ale.getMinimalActionSet()  # the atari100k protocol's action set
     rng = np.random.default_rng(0)
     for _ in range(20):  # until the ball is in play
-        env.step(int(rng.integers(18)))
+        env.step(int(rng.integers(len(ale_actions))))
     pooling_mattered = 0
     for _ in range(20):
-        action = int(rng.integers(18))
+        action = int(rng.integers(len(ale_actions)))
         state = ale.cloneState()
         frames = []
         for _ in range(4):
@@ -183,6 +210,21 @@ def test_atari_tuned_examples_are_valid_configs(name, protocol, steps):
     config.validate()
     assert config.env_config["protocol"] == protocol
     assert spec["stop"]["num_env_steps_sampled_lifetime"] == steps
+
+
+def test_atari100k_example_evaluates_100_sampled_episodes_at_its_last_iteration():
+    with open(os.path.join(TUNED, "atari_100k.yaml")) as f:
+        (spec,) = yaml.safe_load(f).values()
+    config = DreamerV3Config().update_from_dict(spec["config"]).environment(spec["env"])
+    per_iteration = config.min_sample_timesteps_per_iteration
+    # Every iteration samples exactly `per_iteration` env steps: the warm-up fills the first,
+    # and each training step's sample divides it.
+    assert config.num_steps_sampled_before_learning_starts == per_iteration
+    assert per_iteration % (config.steps_per_sample * config.num_envs_per_env_runner) == 0
+    last_iteration = spec["stop"]["num_env_steps_sampled_lifetime"] // per_iteration
+    assert config.evaluation_interval == last_iteration == 100
+    assert config.evaluation_duration == 100 and config.evaluation_duration_unit == "episodes"
+    assert config.evaluation_config == {"explore": True}
 
 
 def test_make_env_routes_ale_ids_to_the_factory():

@@ -63,6 +63,8 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
         ("replay_capacity", 10, "replay_capacity=10 must hold at least one sequence"),
         ("actor_min_std", 2.0, "actor_min_std=2.0 must be smaller than actor_max_std"),
         ("cnn_kernel", 0, "cnn_kernel=0 must be a positive integer"),
+        ("vector_mlp_units", 0, "vector_mlp_units=0 must be a positive integer, or None"),
+        ("vector_mlp_layers", 2.5, "vector_mlp_layers=2.5 must be a positive integer, or None"),
         ("dream_every_n_updates", -1, "dream_every_n_updates=-1 must be an integer >= 0"),
         ("dream_burn_in", 64, "dream_burn_in=64 must be an integer in [1, batch_length_T=64)"),
         ("dream_num_sequences", 0, "dream_num_sequences=0 must be a positive integer"),

@@ -86,3 +86,37 @@ def test_make_encoder_decoder_picks_by_observation_rank():
     assert dec(tf.zeros([2, 9])).shape == (2, 5)
     enc, dec = make_encoder_decoder((64, 64, 3), 9, dims)
     assert isinstance(enc, ImageEncoder) and isinstance(dec, ImageDecoder)
+
+
+def test_vector_encoder_and_decoder_width_and_depth_are_configurable():
+    # The author's runs on vector observations used 5 x 1024 MLPs at every size; the default
+    # is the size table's (nano: 1 x 16).
+    default = get_model_size("nano")
+    assert default.vector_mlp == (16, 1)
+    size = get_model_size("nano", vector_mlp_units=24, vector_mlp_layers=3)
+    assert size.vector_mlp == (24, 3) and size.dense_units == 16 and size.mlp_layers == 1
+    obs_dim, feat_dim = 5, 7
+    encoder, decoder = VectorEncoder(obs_dim, size), VectorDecoder(feat_dim, obs_dim, size)
+    dense = lambda a, b: a * b + 2 * b  # noqa: E731 - kernel (no bias), LayerNorm scale/offset
+    assert num_params(encoder) == dense(5, 24) + 2 * dense(24, 24)
+    assert num_params(decoder) == dense(7, 24) + 2 * dense(24, 24) + 24 * 5 + 5
+    assert encoder.out_units == 24
+    assert encoder(tf.zeros([2, 3, obs_dim])).shape == (2, 3, 24)
+    assert decoder(tf.zeros([2, 3, feat_dim])).shape == (2, 3, obs_dim)
+
+
+def test_the_config_sets_the_modules_vector_mlp():
+    import gymnasium as gym
+
+    from rllib_dreamerv3 import DreamerV3Config
+
+    config = (
+        DreamerV3Config()
+        .environment("CartPole-v1")
+        .training(model_size="nano", vector_mlp_units=24, vector_mlp_layers=2)
+    )
+    module = config.get_rl_module_spec(env=gym.make("CartPole-v1")).build()
+    world_model = module.model.world_model
+    assert [b.dense.w.shape[1] for b in world_model.encoder.mlp.blocks] == [24, 24]
+    assert [b.dense.w.shape[1] for b in world_model.decoder.mlp.blocks] == [24, 24]
+    assert world_model.gru.units == 16  # the rest keeps the size table's

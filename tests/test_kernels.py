@@ -1353,3 +1353,45 @@ def test_one_update_equals_the_reference_update(case, monkeypatch):
     _assert_same_first_adam_step(weights, ref_weights, max_lr=1e-4)
     moved = [not np.array_equal(w, i) for w, i in zip(weights, initial)]
     assert sum(moved) > len(moved) // 2  # the step changed the weights
+
+
+@pytest.mark.parametrize("impl", [losses, kernels], ids=["plain", "fast"])
+def test_continuous_actor_gradient_includes_the_baseline(impl, monkeypatch):
+    """With continuous actions the actor loss `mean(w·(−(R − v(s))/max(1, S) − η·H))` is
+    differentiated through the baseline v(s) too (the author's backprop objective): its gradient
+    is that of the loss with v stopped plus that of `mean(w·v)/max(1, S)`, which is not zero
+    (the states depend on the actor's earlier actions)."""
+    model = build((5,), 3, False, "nano")
+    wm, hp = model.world_model, hparams(horizon_H=6)
+    h, z = start_states(wm, 4)
+    seeds = random_ops.split(tf.constant([5, 6]), 2 * hp.horizon_H)
+    start_cont = tf.ones([4])
+    seen = {}
+    advantage, weights = math_ops.normalized_advantage, math_ops.trajectory_weights
+
+    def recording_weights(cont, gamma):
+        seen["w"] = weights(cont, gamma)
+        return seen["w"]
+
+    def recording_advantage(returns, value, scale, stop=False):
+        seen.update(value=value, scale=scale)
+        return advantage(returns, tf.stop_gradient(value) if stop else value, scale)
+
+    monkeypatch.setattr(math_ops, "trajectory_weights", recording_weights)
+    variables = model.actor.trainable_variables
+    grads = {}
+    for stop in (False, True):
+        monkeypatch.setattr(
+            math_ops,
+            "normalized_advantage",
+            lambda r, v, s, stop=stop: recording_advantage(r, v, s, stop),
+        )
+        with tf.GradientTape(persistent=True) as tape:
+            imagined = impl.imagine(model, h, z, hp.horizon_H, seeds)
+            actor_loss = impl.actor_critic_losses(model, imagined, start_cont, hp)[0]
+            baseline = tf.reduce_mean(seen["w"] * seen["value"]) / tf.maximum(1.0, seen["scale"])
+        grads[stop] = tape.gradient(actor_loss, variables)
+        grads["baseline", stop] = tape.gradient(baseline, variables)
+    for full, stopped, base in zip(grads[False], grads[True], grads["baseline", False]):
+        np.testing.assert_allclose(full, stopped + base, rtol=1e-4, atol=1e-7)
+    assert max(float(tf.reduce_max(tf.abs(g))) for g in grads["baseline", False]) > 1e-6

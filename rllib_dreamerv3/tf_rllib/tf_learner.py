@@ -16,8 +16,15 @@ from rllib_dreamerv3.tf_rllib.tensors import to_tensor
 
 
 def make_adam(learning_rate, epsilon, params):
-    """A built `tf_keras` Adam for `params` (its slots exist before any tracing)."""
-    optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+    """A built `tf_keras` Adam for `params` (its slots exist before any tracing).
+
+    `epsilon` is added to the bias-corrected root second moment, `m̂ / (√v̂ + ε)`, as in Kingma &
+    Ba's Algorithm 1 (and optax/PyTorch). Keras' default adds it to the uncorrected `√v`, which
+    is an ε larger by `1/√(1 − β₂ᵗ)` (31.6× at the first step with β₂ = 0.999).
+    """
+    optimizer = tf_keras.optimizers.Adam(
+        learning_rate=learning_rate, epsilon=epsilon, adaptive_epsilon=True
+    )
     optimizer.build(params)
     return optimizer
 

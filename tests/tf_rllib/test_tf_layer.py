@@ -589,3 +589,24 @@ def test_silenced_notices_match_what_ray_logs():
             assert not logger.filter(record), prefix
         other = logging.LogRecord(name, logging.WARNING, "", 0, "other", None, None)
         assert logger.filter(other)
+
+
+def test_adam_adds_epsilon_to_the_bias_corrected_root_second_moment():
+    # Kingma & Ba's Algorithm 1 (and optax): x -= lr * m̂ / (√v̂ + ε), m̂ = m / (1 − β₁ᵗ),
+    # v̂ = v / (1 − β₂ᵗ). Gradients near ε (as the actor's and critic's often are) make the
+    # difference to Keras' default, an ε added to the uncorrected √v, about 1e-4 per step here.
+    lr, eps, beta_1, beta_2 = 1e-3, 1e-5, 0.9, 0.999
+    start = np.array([0.5, -1.0])
+    var = tf.Variable(start, dtype=tf.float32)
+    optimizer = make_adam(lr, eps, [var])
+    grads = np.array([[1e-6, -2e-6], [3e-6, 1e-6], [-2e-6, 5e-6], [4e-5, -1e-5]])
+    x, m, v = start.copy(), np.zeros(2), np.zeros(2)
+    for t, g in enumerate(grads, 1):
+        optimizer.apply_gradients([(tf.constant(g, tf.float32), var)])
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g**2
+        m_hat, v_hat = m / (1 - beta_1**t), v / (1 - beta_2**t)
+        x -= lr * m_hat / (np.sqrt(v_hat) + eps)
+        # float32 rounding of values near 1: a few 1e-8 per step
+        np.testing.assert_allclose(var.numpy(), x, rtol=0, atol=2e-7)
+    assert np.abs(x - start).min() > 1e-4  # the steps are far larger than the tolerance
