@@ -1,6 +1,7 @@
 """Train one tuned example until its stop criterion; print one JSON line per iteration.
 
 Usage: python benchmarks/learning.py tuned_examples/cartpole.yaml [--max-minutes 60] [--seed 0]
+       [--config '{world_model_lr: 1.0e-4}']
        [--dreams-dir benchmarks/out/dreams]
 
 Each line: iteration, env steps sampled, updates, wall seconds since the start (build included),
@@ -44,6 +45,12 @@ def main():
     parser.add_argument("yaml_file")
     parser.add_argument("--max-minutes", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--config",
+        type=yaml.safe_load,
+        default={},
+        help="JSON/YAML mapping merged into the example's config, e.g. '{actor_lr: 3.0e-5}'",
+    )
     parser.add_argument("--dreams-dir", default=os.path.join("benchmarks", "out", "dreams"))
     args = parser.parse_args()
     with open(args.yaml_file) as f:
@@ -51,7 +58,7 @@ def main():
     name, spec = next(iter(experiments.items()))
     config = (
         DreamerV3Config()
-        .update_from_dict(spec.get("config", {}))
+        .update_from_dict({**spec.get("config", {}), **args.config})
         .environment(spec["env"])
         .debugging(seed=args.seed)
     )
