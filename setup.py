@@ -28,6 +28,7 @@ setup(
     extras_require={
         "test": ["pytest>=8", "ruff==0.17.6"],
         "video": ["moviepy"],
+        "plot": ["matplotlib"],  # benchmarks/plot_learning.py
         # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
         "bench": ["torch==2.13.0"],
     },

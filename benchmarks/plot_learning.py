@@ -1,0 +1,58 @@
+"""Plot the return curves of `benchmarks/learning.py` runs (JSON lines) into one PNG.
+
+Usage: python benchmarks/plot_learning.py OUT.png RUN.jsonl [RUN.jsonl ...]
+       [--goal 450] [--title "CartPole, 5 seeds"]
+
+Each run is one line: the mean episode return over env steps, labelled with the file's name
+(without the extension). Needs matplotlib (`pip install -e ".[plot]"`).
+"""
+
+import argparse
+import json
+import os
+
+
+def read_curve(path):
+    """`(env_steps, returns)` of the iterations that report a return."""
+    steps, returns = [], []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a warning line among the JSON lines
+            value = record.get("episode_return_mean")
+            if "env_steps" in record and value is not None and value == value:  # not NaN
+                steps.append(record["env_steps"])
+                returns.append(value)
+    return steps, returns
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("runs", nargs="+")
+    parser.add_argument("--goal", type=float, help="draw the target return as a dashed line")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for path in args.runs:
+        ax.plot(*read_curve(path), label=os.path.splitext(os.path.basename(path))[0])
+    if args.goal is not None:
+        ax.axhline(args.goal, color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean episode return")
+    ax.set_title(args.title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
