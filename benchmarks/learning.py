@@ -61,6 +61,7 @@ def main():
         .update_from_dict({**spec.get("config", {}), **args.config})
         .environment(spec["env"])
         .debugging(seed=args.seed)
+        .training(log_progress=False)  # the JSON lines are the progress
     )
     start = time.time()
     algo = config.build_algo()

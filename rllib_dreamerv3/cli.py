@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import importlib.metadata
 import importlib.util
-import inspect
 import json
 import logging
 import os
@@ -45,16 +44,17 @@ from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
 # An experiment is what `tune.Experiment.from_json` reads: `run`, RLlib's `env` (moved into
-# `config`) and the arguments of `tune.Experiment` that YAML can express.
+# `config`) and these arguments of `tune.Experiment`. Not its others: DreamerV3 requests its own
+# resources (`resources_per_trial` would fail), `time_budget_s` is `stop: {time_total_s: N}`.
 EXPERIMENT_KEYS = (
     "run",
     "env",
-    *(
-        name
-        for name in inspect.signature(tune.Experiment).parameters
-        if name not in ("name", "run", "local_dir", "storage_filesystem", "restore")
-        and "creator" not in name
-    ),
+    "stop",
+    "config",
+    "checkpoint_config",
+    "num_samples",
+    "storage_path",
+    "max_failures",
 )
 CHECKPOINT_CONFIG_KEYS = tuple(
     f.name for f in dataclasses.fields(tune.CheckpointConfig) if not f.name.startswith("_")
@@ -125,7 +125,8 @@ def unknown_config_key(config_dict):
 
     `update_from_dict` would set any key silently (as a new attribute), so a misspelt
     hyperparameter would be ignored; this is checked first. Keys RLlib translates (`lambda`,
-    `num_workers`, ...) set an existing attribute and pass.
+    `num_workers`, ...) set an existing attribute and pass; keys it passes to a method as
+    keywords (`evaluation_*`) raise a `TypeError` there when the method has no such argument.
     """
     known = known_config_keys()
     for key, value in config_dict.items():
@@ -135,6 +136,8 @@ def unknown_config_key(config_dict):
         before = set(vars(probe))
         try:
             probe.update_from_dict({key: _first_variant(value)})
+        except TypeError:  # an unexpected keyword argument
+            return key
         except Exception:  # noqa: BLE001 - a known key with a bad value: validate() says which
             continue
         if set(vars(probe)) - before:
@@ -186,11 +189,12 @@ def _env_problem(env, err):
 
 
 def check_experiment(source, name, spec):
-    """One experiment as a `tune.Experiment` (`Experiment.from_json`), or a `CliError` naming
-    the source and the key, raised before Ray starts.
+    """One experiment checked, as the spec `tune.Experiment.from_json` reads (see
+    :func:`make_experiment`), or a `CliError` naming the source and the key, raised before Ray
+    starts.
 
-    The experiment's `config` is the YAML's `config` (Tune search spaces kept) plus `env`; its
-    stopper is a `StopCriteria` of the YAML's `stop` (None without one).
+    The spec's `config` is the YAML's `config` (Tune search spaces kept) plus `env`; its `stop`
+    is a `StopCriteria` of the YAML's `stop` (None without one).
     """
     where = f"{source}, experiment {name!r}"
     for key in spec:
@@ -231,7 +235,7 @@ def check_experiment(source, name, spec):
         DreamerV3Config().update_from_dict(
             {k: _first_variant(v) for k, v in param_space.items()}
         ).validate()
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         if err.__cause__ is not None:  # `make_env` could not create the env
             raise CliError(f"{where}: {_env_problem(env, err)}") from None
         message = _one_paragraph(str(err).split(_RLLIB_SUPPRESS_HINT)[0])
@@ -255,16 +259,26 @@ def check_experiment(source, name, spec):
                 f"{_did_you_mean(key, CHECKPOINT_CONFIG_KEYS)} Use {list(CHECKPOINT_CONFIG_KEYS)}"
                 " (ray.tune.CheckpointConfig)."
             )
-    num_samples = spec.get("num_samples", 1)
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
-        raise CliError(f"{where}: num_samples={num_samples!r} must be a positive integer.")
+    try:
+        tune.CheckpointConfig(**checkpoint_config)
+    except (ValueError, TypeError) as err:
+        raise CliError(f"{where}: checkpoint_config: {_one_paragraph(err)}") from None
+    for key, low in (("num_samples", 1), ("max_failures", -1)):
+        value = spec.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise CliError(f"{where}: {key}={value!r} must be an integer >= {low}.")
     spec = {**spec, "config": param_space, "stop": StopCriteria(stop, where) if stop else None}
     spec.pop("env", None)
     if spec.get("storage_path"):
         spec["storage_path"] = os.path.abspath(os.path.expanduser(spec["storage_path"]))
+    return spec
+
+
+def make_experiment(name, spec, where):
+    """The `tune.Experiment` of a checked spec (it makes the experiment's directory)."""
     try:
         return tune.Experiment.from_json(name, spec)
-    except (tune.TuneError, ValueError, TypeError) as err:
+    except (tune.TuneError, ValueError, TypeError, OSError, RuntimeError) as err:
         raise CliError(f"{where}: {_one_paragraph(err)[:500]}") from None
 
 
@@ -317,9 +331,12 @@ def apply_overrides(experiments, args):
 # --- training with Tune ---------------------------------------------------------------------------
 def run_experiments(experiments, source, args):
     """Run every experiment with Tune (`tune.run` of each `tune.Experiment`, one after the
-    other); 0 if every trial finished cleanly."""
-    checked = [check_experiment(source, name, spec) for name, spec in experiments.items()]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by Ray's worker processes
+    other); 0 if every trial finished cleanly, 1 if one failed, 130 if interrupted."""
+    checked = {name: check_experiment(source, name, spec) for name, spec in experiments.items()}
+    todo = [
+        make_experiment(name, spec, f"{source}, experiment {name!r}")
+        for name, spec in checked.items()
+    ]
     # Tune's classic output engine: it prints nothing at verbose=0 and takes a `CLIReporter`
     # with chosen columns (the default engine prints its banners at any verbosity).
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
@@ -330,8 +347,8 @@ def run_experiments(experiments, source, args):
         ignore_reinit_error=True,
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
-    failed = 0
-    for experiment in checked:
+    failed = False
+    for experiment in todo:
         stopper, name = experiment.stopper, experiment.storage.experiment_dir_name
         path = experiment.storage.experiment_fs_path
         print(f"{name}: results in {path}; watch with: tensorboard --logdir {path}", flush=True)
@@ -350,7 +367,11 @@ def run_experiments(experiments, source, args):
         )
         if stopper is not None and stopper.problem:  # Tune stopped cleanly; say why, exit 2
             raise CliError(stopper.problem)
-        failed += sum(_report_trial(trial) for trial in analysis.trials)
+        ends = [_report_trial(trial) for trial in analysis.trials]
+        if "interrupted" in ends:  # Tune handled Ctrl-C and returned: no further experiments
+            print(f"{name}: interrupted; results so far in {path}", file=sys.stderr)
+            return 130
+        failed = failed or "failed" in ends
     return 1 if failed else 0
 
 
@@ -370,16 +391,25 @@ def status_table(param_space):
 
 
 def _report_trial(trial):
-    """Print how `trial` ended (its checkpoint and how to evaluate it); True if it failed."""
+    """Print how `trial` ended (its checkpoint and how to evaluate it); "done", "failed" or
+    "interrupted"."""
+    iteration = trial.last_result.get("training_iteration", 0)
     if trial.status == trial.ERROR:
+        where = trial.error_file or "the trial's directory"
+        last_line = ""
+        if trial.error_file and os.path.isfile(trial.error_file):
+            with open(trial.error_file) as f:
+                last_line = ([""] + f.read().strip().splitlines())[-1]
         print(
-            f"{trial}: FAILED after {trial.last_result.get('training_iteration', 0)} "
-            f"iterations. Full traceback: {trial.error_file}",
+            f"{trial}: FAILED after {iteration} iterations ({last_line or 'see the traceback'}). "
+            f"Full traceback: {where}",
             file=sys.stderr,
             flush=True,
         )
-        return True
-    print(f"{trial}: {progress_line('done,', trial.last_result)}", flush=True)
+        return "failed"
+    ended = trial.status == trial.TERMINATED
+    label = "done," if ended else f"stopped ({trial.status}),"
+    print(f"{trial}: {progress_line(label, trial.last_result)}", flush=True)
     checkpoint = trial.checkpoint
     if checkpoint is not None:
         print(
@@ -387,7 +417,7 @@ def _report_trial(trial):
             "--episodes 10",
             flush=True,
         )
-    return False
+    return "done" if ended else "interrupted"
 
 
 # --- evaluation -----------------------------------------------------------------------------------
@@ -501,9 +531,7 @@ def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, vide
         bar = tqdm(total=episodes, desc="evaluating", unit="episode", leave=False, disable=None)
         try:
             with bar:
-                for _ in range(episodes):  # one env: the same episodes as one call for all
-                    runner.sample(num_episodes=1)
-                    bar.update()
+                runner.sample(num_episodes=episodes, progress=lambda n: bar.update(n - bar.n))
         except DependencyNotInstalled as err:  # e.g. the renderer for --video-dir
             raise CliError(f"{config.env}: {err}") from None
         metrics = runner.get_metrics()
@@ -575,8 +603,8 @@ def _add_run_options(parser):
         "--verbose",
         type=int,
         choices=(0, 1, 2),
-        help="Tune's own output: 0 none (default), 1 status table, 2 every "
-        "result; a progress line per iteration is printed in any case",
+        help="Tune's own output: 0 none (default), 1 status table, 2 also brief "
+        "results and Ray's info logs; a progress line per iteration is printed in any case",
     )
 
 

@@ -388,6 +388,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         explore=None,
         random_actions=False,
         force_reset=False,
+        progress=None,
         **kwargs,
     ):
         """Step every sub-env `num_timesteps / num_envs` times (default: the config's amount).
@@ -397,6 +398,8 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         left out of the metrics. `force_reset` also resets the envs first: the episodes in
         progress are abandoned, and the next chunk of each stream starts with `is_first`.
         `explore` defaults to `config.explore` (False in evaluation, see `DreamerV3Config`).
+        `progress`, if given, is called before every step with the episodes ended so far (with
+        `num_episodes`) or the steps per env done so far (e.g. to drive a progress bar).
 
         Returns `[ReplayChunk(stream_key, steps), ...]`, one chunk per sub-env (see the class
         docstring).
@@ -417,6 +420,8 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         records = [[] for _ in range(self.num_envs)]
 
         def more(steps_done, episodes_done):
+            if progress is not None:
+                progress(episodes_done if num_episodes is not None else steps_done)
             return (
                 episodes_done < num_episodes
                 if num_episodes is not None

@@ -131,8 +131,8 @@ TUNED_EXAMPLES = sorted(
 @pytest.mark.parametrize("path", TUNED_EXAMPLES, ids=os.path.basename)
 def test_every_tuned_example_passes_the_checks(path):
     for name, spec in cli.load_experiments(path).items():
-        experiment = cli.check_experiment(path, name, spec)
-        assert experiment.spec["run"] == "DreamerV3" and experiment.spec["config"]["env"]
+        checked = cli.check_experiment(path, name, spec)
+        assert checked["run"] == "DreamerV3" and checked["config"]["env"]
 
 
 @pytest.fixture
@@ -174,14 +174,17 @@ def test_command_line_overrides_of_a_file(captured_run, tmp_path):
         )
         == 0
     )
-    [experiment] = captured_run[0].values()
-    spec, param_space = experiment.spec, experiment.spec["config"]
+    [spec] = captured_run[0].values()
+    param_space = spec["config"]
     assert spec["run"] == "DreamerV3" and param_space["env"] == "Pendulum-v1"
     assert param_space["training_ratio"] == 64 and param_space["model_size"] == "nano"
-    assert experiment.stopper.stop == {"training_iteration": 7}  # replaces the file's
-    checkpoint_config = experiment.checkpoint_config
-    assert checkpoint_config.checkpoint_frequency == 3 and checkpoint_config.checkpoint_at_end
-    assert spec["num_samples"] == 2
+    assert spec["stop"].stop == {"training_iteration": 7}  # replaces the file's
+    assert spec["checkpoint_config"] == {"checkpoint_frequency": 3, "checkpoint_at_end": True}
+    assert spec["num_samples"] == 2 and spec["storage_path"] == str(tmp_path / "out")
+    # What Tune runs: `Experiment.from_json` of the spec.
+    experiment = cli.make_experiment("tiny-cartpole", spec, "test")
+    assert experiment.stopper is spec["stop"] and experiment.spec["num_samples"] == 2
+    assert experiment.checkpoint_config.checkpoint_frequency == 3
     assert experiment.storage.experiment_fs_path == str(tmp_path / "out" / "tiny-cartpole")
 
 
@@ -201,16 +204,15 @@ def test_quick_train_without_a_file(captured_run):
         )
         == 0
     )
-    [(name, experiment)] = captured_run[0].items()
-    assert name == "DreamerV3_CartPole-v1" and experiment.spec["run"] == "DreamerV3"
-    assert experiment.spec["config"] == {
+    [(name, spec)] = captured_run[0].items()
+    assert name == "DreamerV3_CartPole-v1" and spec["run"] == "DreamerV3"
+    assert spec["config"] == {
         "model_size": "nano",
         "batch_size_B": 4,
         "batch_length_T": 8,
         "env": "CartPole-v1",
     }
-    assert experiment.stopper is None and experiment.spec["stop"] == {}
-    assert not experiment.checkpoint_config.checkpoint_at_end
+    assert spec["stop"] is None and spec["checkpoint_config"] == {"checkpoint_at_end": False}
 
 
 def test_missing_yaml(capsys, tmp_path):
@@ -250,6 +252,30 @@ def test_unknown_experiment_key(capsys, tmp_path):
     path = write_yaml(tmp_path / "exp.yaml", _variant(stopp={"training_iteration": 1}))
     err = _error(capsys, ["train", "file", path])
     assert path in err and "'stopp'" in err and "Did you mean 'stop'" in err
+
+
+def test_misspelt_evaluation_key_is_named(capsys, tmp_path):
+    # RLlib passes `evaluation_*` keys to `config.evaluation(...)` as keywords.
+    config = {**TINY["tiny-cartpole"]["config"], "evaluation_intervall": 2}
+    path = write_yaml(tmp_path / "key.yaml", _variant(config=config))
+    err = _error(capsys, ["train", "file", path])
+    assert "'evaluation_intervall'" in err and "Did you mean 'evaluation_interval'" in err
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("resources_per_trial", {"cpu": 1}, "unknown key 'resources_per_trial'"),
+        ("time_budget_s", 60, "unknown key 'time_budget_s'"),
+        ("max_failures", "3", "max_failures='3' must be an integer >= -1"),
+        ("num_samples", 0, "num_samples=0 must be an integer >= 1"),
+        ("checkpoint_config", {"num_to_keep": 0}, "checkpoint_config: .*num_to_keep"),
+    ],
+)
+def test_experiment_values_tune_would_reject_are_named_first(capsys, tmp_path, key, value, match):
+    path = write_yaml(tmp_path / "exp.yaml", _variant(**{key: value}))
+    err = _error(capsys, ["train", "file", path])
+    assert re.search(match, err), err
 
 
 def test_unregistered_env(capsys, tmp_path):

@@ -72,6 +72,13 @@ def test_sample_num_episodes_runs_whole_episodes_from_a_reset():
     # The 2 episodes cut short by the reset are not counted; the 2 complete ones are.
     assert float(metrics["num_episodes"]) == 2
     assert float(metrics["episode_return_mean"]) == pytest.approx(3.0)
+    # `progress` sees the episodes ended so far before every step, and the last count.
+    reported = []
+    runner.sample(num_episodes=4, progress=reported.append)
+    assert reported == [0, 0, 0, 2, 2, 2, 4]  # two envs of 3-step episodes, in lockstep
+    reported.clear()
+    runner.sample(num_timesteps=4, progress=reported.append)  # steps per env without episodes
+    assert reported == [0, 1, 2]
     runner.stop()
 
 
