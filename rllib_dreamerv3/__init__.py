@@ -46,6 +46,7 @@ ensure_tf2_behavior()
 apply_ray_patches()
 
 from rllib_dreamerv3.algorithm import DreamerV3, DreamerV3Config  # noqa: E402
+from rllib_dreamerv3.export import export_policy  # noqa: E402
 from rllib_dreamerv3.learner import DreamerV3Learner  # noqa: E402
 from rllib_dreamerv3.rl_module import DreamerV3RLModule  # noqa: E402
 
@@ -58,5 +59,11 @@ def _register_with_tune():
 
 _register_with_tune()
 
-__all__ = ["DreamerV3", "DreamerV3Config", "DreamerV3Learner", "DreamerV3RLModule"]
+__all__ = [
+    "DreamerV3",
+    "DreamerV3Config",
+    "DreamerV3Learner",
+    "DreamerV3RLModule",
+    "export_policy",
+]
 __version__ = "0.1.0"

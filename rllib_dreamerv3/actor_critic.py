@@ -42,7 +42,7 @@ class Actor(tf.Module):
             idx = random_ops.categorical(dist, seed)
             return math_ops.straight_through(tf.one_hot(idx, self.action_dim), dist)
         mean, std = dist
-        action = mean + std * random_ops.normal(mean.shape, seed)
+        action = mean + std * random_ops.normal(random_ops.shape_of(mean), seed)
         return action + tf.stop_gradient(tf.clip_by_value(action, -1.0, 1.0) - action)
 
     def mode(self, dist):

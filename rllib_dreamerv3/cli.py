@@ -20,6 +20,7 @@ import pickle
 import sys
 import time
 
+import numpy as np
 import ray
 import yaml
 from ray import tune
@@ -36,7 +37,8 @@ from tqdm import tqdm
 from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
-from rllib_dreamerv3.env_runner import DreamerV3EnvRunner
+from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
+from rllib_dreamerv3.export import export_policy, export_tflite, read_metadata, run_saved_model
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, progress_line
 from rllib_dreamerv3.progress import format_number as fmt
 from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError
@@ -614,7 +616,7 @@ def build_parser(prog="rllib"):
         description="Train and evaluate DreamerV3 (rllib-dreamerv3) with RLlib and Ray Tune.",
         epilog=f"The same program runs as `{ALIAS}` and `python -m rllib_dreamerv3`.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{train,evaluate}")
+    commands = parser.add_subparsers(dest="command", metavar="{train,evaluate,export}")
     commands.required = True
 
     train = commands.add_parser(
@@ -648,7 +650,14 @@ def build_parser(prog="rllib"):
         description="Restore a checkpoint's policy and report the mean/min/max return of N "
         "episodes (greedy actions unless --explore).",
     )
-    evaluate.add_argument("checkpoint", help="a checkpoint directory (checkpoint_NNNNNN)")
+    evaluate.add_argument(
+        "checkpoint", nargs="?", help="a checkpoint directory (checkpoint_NNNNNN)"
+    )
+    evaluate.add_argument(
+        "--saved-model",
+        metavar="DIR",
+        help="evaluate a policy exported by `rllib export` instead of a checkpoint",
+    )
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes (default 10)")
     evaluate.add_argument("--env", help="evaluate on this env instead of the trained one")
     evaluate.add_argument(
@@ -661,6 +670,28 @@ def build_parser(prog="rllib"):
         "--video-dir", metavar="DIR", help="write a video of every episode here (needs moviepy)"
     )
     evaluate.add_argument("--json", action="store_true", help="print the results as one JSON line")
+
+    export = commands.add_parser(
+        "export",
+        help="write a checkpoint's policy as a TensorFlow SavedModel (runs without Ray)",
+        description="Write the acting policy of a checkpoint (encoder, RSSM posterior step, "
+        "actor) as a TensorFlow SavedModel with the signatures initial_state, step (greedy) "
+        "and step_sample; loading it needs only TensorFlow.",
+    )
+    export.add_argument("checkpoint", help="a checkpoint directory (checkpoint_NNNNNN)")
+    export.add_argument("out_dir", help="the SavedModel directory to write")
+    export.add_argument(
+        "--no-jit",
+        action="store_true",
+        help="plain TensorFlow steps instead of XLA-compiled ones (the default follows the "
+        "training config; XLA gives exactly the actions of `rllib evaluate`)",
+    )
+    export.add_argument(
+        "--tflite",
+        action="store_true",
+        help="also write OUT_DIR/policy.tflite of the greedy step where TFLite's ops allow "
+        "(implies --no-jit)",
+    )
     return parser
 
 
@@ -701,6 +732,8 @@ def main(argv=None, prog=None):
     except SystemExit as exit_:  # --help, or argparse's own usage error
         return exit_.code
     try:
+        if args.command == "export":
+            return _export_command(args)
         if args.command == "evaluate":
             return _evaluate_command(args)
         return _train_command(args, parser)
@@ -731,16 +764,83 @@ def _train_command(args, parser):
     return run_experiments(apply_overrides({name: spec}, args), "the command line", args)
 
 
+def _export_command(args):
+    config = load_checkpoint_config(args.checkpoint)
+    jit = False if (args.no_jit or args.tflite) else None
+    out = export_policy(
+        args.checkpoint, args.out_dir, jit_compile=jit, env=config.env, env_config=config.env_config
+    )
+    size = sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(out)
+        for name in names
+    )
+    print(
+        f"{out}: SavedModel of the {config.env} policy ({size / 1e6:.2f} MB). Load it with "
+        f"tf.saved_model.load({out!r}); run it with rllib evaluate --saved-model {out}"
+    )
+    if args.tflite:
+        path, reason = export_tflite(out, os.path.join(out, "policy.tflite"))
+        if path is None:
+            print(f"TFLite: the converter could not convert the step: {reason}", file=sys.stderr)
+            return 1
+        print(f"TFLite: {path} ({os.path.getsize(path) / 1e6:.2f} MB)")
+    return 0
+
+
+def evaluate_saved_model(path, episodes, env=None, explore=False, seed=None):
+    """Run `episodes` episodes with a policy exported by `rllib export` (same result keys as
+    :func:`evaluate_checkpoint`; with `seed`, the same env resets)."""
+    if episodes < 1:
+        raise CliError(f"--episodes {episodes}: give at least 1.")
+    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+        raise CliError(f"--saved-model {path}: no saved_model.pb; give a `rllib export` directory.")
+    metadata = read_metadata(path)
+    env = env or metadata.get("env")
+    if env is None:
+        raise CliError(f"--saved-model {path}: it records no env; give --env ENV.")
+    config = DreamerV3Config().environment(env, env_config=metadata.get("env_config", {}))
+    try:
+        environment = make_env(config)
+    except ValueError as err:
+        raise CliError(f"--saved-model {path}: could not create the env {env!r}: {err}") from None
+    try:
+        returns, lengths = run_saved_model(
+            path, environment, episodes, greedy=not explore, seed=seed
+        )
+    finally:
+        environment.close()
+    return {
+        "env": str(env),
+        "episodes": episodes,
+        "return_mean": float(np.mean(returns)),
+        "return_min": float(np.min(returns)),
+        "return_max": float(np.max(returns)),
+        "length_mean": float(np.mean(lengths)),
+    }
+
+
 def _evaluate_command(args):
     start = time.time()
-    result = evaluate_checkpoint(
-        args.checkpoint,
-        args.episodes,
-        env=args.env,
-        explore=args.explore,
-        seed=args.seed,
-        video_dir=args.video_dir,
-    )
+    if args.saved_model:
+        if args.checkpoint or args.video_dir:
+            raise CliError(
+                "--saved-model evaluates an exported policy: give no checkpoint and no --video-dir."
+            )
+        result = evaluate_saved_model(
+            args.saved_model, args.episodes, env=args.env, explore=args.explore, seed=args.seed
+        )
+    elif args.checkpoint is None:
+        raise CliError("rllib evaluate needs a checkpoint directory (or --saved-model DIR).")
+    else:
+        result = evaluate_checkpoint(
+            args.checkpoint,
+            args.episodes,
+            env=args.env,
+            explore=args.explore,
+            seed=args.seed,
+            video_dir=args.video_dir,
+        )
     if args.json:
         print(json.dumps(result))
     else:

@@ -3,7 +3,9 @@
 TF's stateless RNG ops draw different numbers under XLA than in eager mode, which would make
 "compiled update == eager update" untestable. These functions hash `(seed, element index)` with
 an integer mixer (lowbias32, 32-bit multiply/xor-shift) instead: plain integer ops, the same on
-every backend. Seeds are `[2]` int32 tensors; shapes must be static.
+every backend. Seeds are `[2]` int32 tensors. Shapes are lists of ints, where a dimension may
+also be a scalar int tensor (a batch size known only at run time, as in an exported policy);
+element `i` of a draw depends only on the seed and `i`.
 """
 
 import math
@@ -41,9 +43,21 @@ def fold_in(seed, data):
     return split(seed, data + 1)[data]
 
 
+def shape_of(x):
+    """`x`'s shape as :func:`uniform` takes it: static dims as ints, the others as tensors."""
+    dynamic = tf.shape(x)
+    return [dim if dim is not None else dynamic[i] for i, dim in enumerate(x.shape)]
+
+
+def _num_elements(shape):
+    if all(isinstance(dim, int | np.integer) for dim in shape):
+        return int(np.prod(shape))
+    return tf.reduce_prod(tf.stack([tf.cast(dim, tf.int32) for dim in shape]))
+
+
 def uniform(shape, seed):
-    """Uniform floats in the open interval (0, 1), `shape` (static)."""
-    num = int(np.prod(shape))
+    """Uniform floats in the open interval (0, 1), `shape` (see the module doc)."""
+    num = _num_elements(shape)
     counter = tf.cast(tf.range(num), tf.uint32)
     key = _key(seed)
     bits = _mix(tf.bitwise.bitwise_xor(_mix(counter), key) + key)
@@ -52,8 +66,8 @@ def uniform(shape, seed):
 
 
 def normal(shape, seed):
-    """Standard normal floats (Box–Muller), `shape` (static)."""
-    u1, u2 = tf.unstack(uniform([2, *shape], seed))
+    """Standard normal floats (Box–Muller), `shape` (see the module doc)."""
+    u1, u2 = tf.unstack(uniform([2, *shape], seed), num=2)
     return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(2.0 * math.pi * u2)
 
 
@@ -66,7 +80,7 @@ def categorical(probs, seed):
     Under XLA:CPU this avoids Gumbel-max's per-class logarithms and its argmax reduction.
     """
     probs = tf.stop_gradient(tf.convert_to_tensor(probs, tf.float32))
-    num, num_classes = probs.shape
+    num, num_classes = shape_of(probs)
     upper = tf.constant(np.triu(np.ones([num_classes, num_classes], np.float32)))
     cdf = tf.matmul(probs, upper)  # cdf[:, j] = sum(probs[:, :j + 1])
     target = uniform([num, 1], seed) * cdf[:, -1:]

@@ -337,7 +337,14 @@ def test_corrupt_checkpoint(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["train", "--help"], ["train", "file", "--help"], ["evaluate", "--help"]]
+    "argv",
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["train", "file", "--help"],
+        ["evaluate", "--help"],
+        ["export", "--help"],
+    ],
 )
 def test_help_at_every_level(capsys, argv):
     assert cli.main(argv) == 0

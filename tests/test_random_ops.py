@@ -63,3 +63,26 @@ def test_categorical_never_picks_zero_probability_classes():
     assert (idx[:, 0] == 1).all() and (idx[:, 1] == 3).all() and (idx[:, 2] == 0).all()
     assert set(np.unique(idx[:, 3])) == {1, 3}
     assert abs((idx[:, 3] == 3).mean() - 0.5) < 0.03
+
+
+def test_a_batch_size_known_only_at_run_time_draws_the_same_numbers():
+    # An exported policy has a dynamic batch dimension; its draws must equal the static ones.
+    seed = tf.constant([7, 11])
+    probs = tf.nn.softmax(tf.reshape(tf.range(24, dtype=tf.float32) % 5, [6, 4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def dynamic(p):
+        assert p.shape[0] is None
+        return (
+            random_ops.uniform(random_ops.shape_of(p), seed),
+            random_ops.normal(random_ops.shape_of(p), seed),
+            random_ops.categorical(p, seed),
+        )
+
+    static = (
+        random_ops.uniform([6, 4], seed),
+        random_ops.normal([6, 4], seed),
+        random_ops.categorical(probs, seed),
+    )
+    for a, b in zip(dynamic(probs), static):
+        np.testing.assert_array_equal(a, b)
