@@ -15,12 +15,12 @@ import os
 import tempfile
 import time
 
-import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 from ray.rllib.core.columns import Columns
 
 from rllib_dreamerv3 import DreamerV3Config
+from rllib_dreamerv3.env_runner import make_env
 from rllib_dreamerv3.export import ServedPolicy
 from rllib_dreamerv3.rl_module import IS_FIRST
 
@@ -41,8 +41,8 @@ def main():
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    env = gym.make(args.env)
     config = DreamerV3Config().environment(args.env).training(model_size=args.size)
+    env = make_env(config)  # ALE ids: the paper's Atari env (64x64 frames)
     module = config.get_rl_module_spec(env=env).build()
     out = tempfile.mkdtemp(prefix="dreamerv3_export_")
     served = ServedPolicy(module)
