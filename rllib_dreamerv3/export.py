@@ -47,22 +47,31 @@ MODULE_PATH = os.path.join(
 class ServedPolicy(tf.Module):
     """The acting policy of a `DreamerV3RLModule` as a `tf.Module` with serving functions.
 
-    It tracks only the world model and the actor (not the critics), so the SavedModel holds
+    It tracks only the networks acting reads (encoder, RSSM, actor), so the SavedModel holds
     what acting needs.
     """
 
     def __init__(self, module, jit_compile=None):
         super().__init__(name="dreamerv3_policy")
         model = module.model
-        self.world_model = model.world_model
-        self.actor = model.actor  # not the critics: the functions below capture only these two
+        wm = model.world_model
+        # What acting reads, and nothing else (not the decoder, reward and continue heads or the
+        # critics): the SavedModel stores the variables of the tracked modules.
+        self.acting = [
+            wm.encoder,
+            wm.gru_input,
+            wm.gru,
+            wm.prior_net,
+            wm.posterior_net,
+            wm.h0_raw,
+            model.actor,
+        ]
         space = module.action_space
         discrete = is_discrete(space)
         if jit_compile is None:
             jit_compile = bool(module.model_config.get("jit_compile", True))
         obs_space = module.observation_space
         obs = tf.TensorSpec([None, *obs_space.shape], obs_storage_dtype(obs_space), "obs")
-        wm = model.world_model
         state = [
             tf.TensorSpec([None, wm.size.gru_units], tf.float32, "h"),
             tf.TensorSpec([None, wm.stoch_dim], tf.float32, "z"),

@@ -59,8 +59,8 @@ def checkpoint(request, tmp_path_factory):
 
 def test_greedy_steps_equal_the_checkpoints_policy(checkpoint, tmp_path):
     env_id, path = checkpoint
-    out = export_policy(path, tmp_path / "policy")
-    policy = tf.saved_model.load(out)
+    export_dir = export_policy(path, tmp_path / "policy")
+    policy = tf.saved_model.load(export_dir)
     module = DreamerV3RLModule.from_checkpoint(os.path.join(path, MODULE_PATH))
     env = gym.make(env_id)
     obs, _ = env.reset(seed=0)
@@ -83,6 +83,14 @@ def test_greedy_steps_equal_the_checkpoints_policy(checkpoint, tmp_path):
             obs, _ = env.reset()
             episodes += 1
     assert episodes >= 4  # resets inside the run (Pendulum: 200-step episodes)
+    # Only what acting reads is stored: no decoder, reward or continue head, no critic.
+    wm = module.model.world_model
+    acting = [wm.encoder, wm.gru_input, wm.gru, wm.prior_net, wm.posterior_net, module.model.actor]
+    expected = sum(int(np.prod(v.shape)) for m in acting for v in m.variables) + wm.h0_raw.shape[0]
+    stored = tf.train.list_variables(os.path.join(export_dir, "variables", "variables"))
+    assert sum(int(np.prod(shape)) for name, shape in stored if "OBJECT_GRAPH" not in name) == (
+        expected
+    )
 
 
 def test_cli_export_and_evaluate_the_saved_model_as_the_checkpoint(checkpoint, tmp_path, capsys):
