@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of the networks, the losses and the kernels."""
+"""Helpers shared by the tests: inputs, references, and the smallest training config."""
 
 import numpy as np
 import tensorflow as tf
@@ -63,3 +63,26 @@ def reference_critic_loss(model, imagined, start_cont, hp):
         )
     )
     return loss, returns
+
+
+def tiny_config(env="CartPole-v1", **training):
+    """A DreamerV3Config that trains in seconds: nano model, B=2, T=8, H=3, ratio 32, 32 warm-up
+    steps, 16 env steps per iteration, seed 0; `training` overrides `.training(...)`."""
+    from rllib_dreamerv3 import DreamerV3Config
+
+    settings = dict(
+        model_size="nano",
+        batch_size_B=2,
+        batch_length_T=8,
+        horizon_H=3,
+        training_ratio=32,
+        num_steps_sampled_before_learning_starts=32,
+    )
+    settings.update(training)
+    return (
+        DreamerV3Config()
+        .environment(env)
+        .training(**settings)
+        .reporting(min_sample_timesteps_per_iteration=16)
+        .debugging(seed=0)
+    )

@@ -5,6 +5,7 @@ import os
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import tiny_config
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dreamerv3 import DreamerV3, DreamerV3Config
@@ -36,25 +37,6 @@ DIAGNOSTICS = (
 
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-
-def tiny_config(env="CartPole-v1", **training):
-    settings = dict(
-        model_size="nano",
-        batch_size_B=2,
-        batch_length_T=8,
-        horizon_H=3,
-        training_ratio=32,
-        num_steps_sampled_before_learning_starts=32,
-    )
-    settings.update(training)
-    return (
-        DreamerV3Config()
-        .environment(env)
-        .training(**settings)
-        .reporting(min_sample_timesteps_per_iteration=16)
-        .debugging(seed=0)
-    )
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import tiny_config
 from ray.rllib.core.columns import Columns
 
-from rllib_dreamerv3 import DreamerV3Config, cli
+from rllib_dreamerv3 import cli
 from rllib_dreamerv3.export import (
     MODULE_PATH,
     export_policy,
@@ -26,28 +27,10 @@ from rllib_dreamerv3.rl_module import IS_FIRST, DreamerV3RLModule
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
-def tiny_config(env):
-    return (
-        DreamerV3Config()
-        .environment(env)
-        .training(
-            model_size="nano",
-            batch_size_B=2,
-            batch_length_T=8,
-            horizon_H=3,
-            training_ratio=32,
-            num_steps_sampled_before_learning_starts=32,
-            dream_every_n_updates=0,
-        )
-        .reporting(min_sample_timesteps_per_iteration=16)
-        .debugging(seed=0)
-    )
-
-
 @pytest.fixture(scope="module", params=["CartPole-v1", "Pendulum-v1"])
 def checkpoint(request, tmp_path_factory):
     """A checkpoint after two training iterations (weights away from their initial values)."""
-    algo = tiny_config(request.param).build_algo()
+    algo = tiny_config(request.param, dream_every_n_updates=0).build_algo()
     try:
         algo.train()
         algo.train()
@@ -128,7 +111,7 @@ def test_sampled_steps_are_reproducible_from_the_seed(checkpoint, tmp_path):
 
 
 def test_tflite_step_equals_the_saved_models(tmp_path):
-    algo = tiny_config("CartPole-v1").build_algo()
+    algo = tiny_config("CartPole-v1", dream_every_n_updates=0).build_algo()
     try:
         out = export_policy(algo, tmp_path / "policy", jit_compile=False)
     finally:
@@ -148,7 +131,7 @@ def test_tflite_step_equals_the_saved_models(tmp_path):
 
 
 def test_loading_needs_neither_ray_nor_this_package(tmp_path):
-    algo = tiny_config("CartPole-v1").build_algo()
+    algo = tiny_config("CartPole-v1", dream_every_n_updates=0).build_algo()
     try:
         out = export_policy(algo, tmp_path / "policy")
     finally:

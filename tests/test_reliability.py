@@ -15,6 +15,7 @@ import sys
 import time
 
 import gymnasium as gym
+import helpers
 import numpy as np
 import pytest
 import ray
@@ -34,23 +35,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def tiny_config(env="CartPole-v1", **training):
-    settings = dict(
-        model_size="nano",
-        batch_size_B=2,
-        batch_length_T=8,
-        horizon_H=3,
-        training_ratio=32,
-        num_steps_sampled_before_learning_starts=32,
-        dream_every_n_updates=0,
-    )
-    settings.update(training)
-    return (
-        DreamerV3Config()
-        .environment(env)
-        .training(**settings)
-        .reporting(min_sample_timesteps_per_iteration=16)
-        .debugging(seed=0)
-    )
+    return helpers.tiny_config(env, **{"dream_every_n_updates": 0, **training})
 
 
 class CountingEnv(gym.Env):
