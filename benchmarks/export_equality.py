@@ -21,7 +21,7 @@ from ray.rllib.core.columns import Columns
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.env_runner import make_env
-from rllib_dreamerv3.export import MODULE_PATH, export_policy
+from rllib_dreamerv3.export import MODULE_PATH, export_policy, saved_model_bytes
 from rllib_dreamerv3.rl_module import IS_FIRST, DreamerV3RLModule
 
 
@@ -56,11 +56,7 @@ def main():
     finally:
         algo.stop()
     export_dir = export_policy(checkpoint, os.path.join(tempfile.mkdtemp(), "policy"))
-    size = sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(export_dir)
-        for name in names
-    )
+    size = saved_model_bytes(export_dir)
     policy = tf.saved_model.load(export_dir)
     module = DreamerV3RLModule.from_checkpoint(os.path.join(checkpoint, MODULE_PATH))
     env = make_env(config)

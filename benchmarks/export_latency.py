@@ -11,7 +11,6 @@ size on disk.
 
 import argparse
 import json
-import os
 import tempfile
 import time
 
@@ -21,7 +20,7 @@ from ray.rllib.core.columns import Columns
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.env_runner import make_env
-from rllib_dreamerv3.export import ServedPolicy
+from rllib_dreamerv3.export import ServedPolicy, saved_model_bytes
 from rllib_dreamerv3.rl_module import IS_FIRST
 
 
@@ -47,7 +46,7 @@ def main():
     out = tempfile.mkdtemp(prefix="dreamerv3_export_")
     served = ServedPolicy(module)
     tf.saved_model.save(served, out, signatures=served.signatures())
-    size = sum(os.path.getsize(os.path.join(r, n)) for r, _, names in os.walk(out) for n in names)
+    size = saved_model_bytes(out)
     policy = tf.saved_model.load(out)
     for batch in args.batch:
         obs = np.stack([env.observation_space.sample() for _ in range(batch)])

@@ -25,12 +25,6 @@ import ray
 import yaml
 from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.core import (
-    COMPONENT_LEARNER,
-    COMPONENT_LEARNER_GROUP,
-    COMPONENT_RL_MODULE,
-    DEFAULT_MODULE_ID,
-)
 from ray.rllib.utils.checkpoints import Checkpointable
 from tqdm import tqdm
 
@@ -38,7 +32,14 @@ from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
-from rllib_dreamerv3.export import export_policy, export_tflite, read_metadata, run_saved_model
+from rllib_dreamerv3.export import MODULE_PATH as MODULE_STATE_DIR
+from rllib_dreamerv3.export import (
+    export_policy,
+    export_tflite,
+    read_metadata,
+    run_saved_model,
+    saved_model_bytes,
+)
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, progress_line
 from rllib_dreamerv3.progress import format_number as fmt
 from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError
@@ -423,9 +424,6 @@ def _report_trial(trial):
 
 
 # --- evaluation -----------------------------------------------------------------------------------
-MODULE_STATE_DIR = os.path.join(
-    COMPONENT_LEARNER_GROUP, COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
-)
 CTOR_FILE = Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME
 
 
@@ -770,11 +768,7 @@ def _export_command(args):
     out = export_policy(
         args.checkpoint, args.out_dir, jit_compile=jit, env=config.env, env_config=config.env_config
     )
-    size = sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(out)
-        for name in names
-    )
+    size = saved_model_bytes(out)
     print(
         f"{out}: SavedModel of the {config.env} policy ({size / 1e6:.2f} MB). Load it with "
         f"tf.saved_model.load({out!r}); run it with rllib evaluate --saved-model {out}"

@@ -35,9 +35,8 @@ from ray.rllib.core import (
     DEFAULT_MODULE_ID,
 )
 
-from rllib_dreamerv3.spaces import is_discrete, obs_storage_dtype, rescale_action
+from rllib_dreamerv3.spaces import env_action, obs_storage_dtype
 
-STATE_KEYS = ("h", "z", "prev_action")
 METADATA_FILE = "rllib_dreamerv3.json"  # beside saved_model.pb: the env it was trained on
 MODULE_PATH = os.path.join(
     COMPONENT_LEARNER_GROUP, COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
@@ -67,7 +66,6 @@ class ServedPolicy(tf.Module):
             model.actor,
         ]
         space = module.action_space
-        discrete = is_discrete(space)
         if jit_compile is None:
             jit_compile = bool(module.model_config.get("jit_compile", True))
         obs_space = module.observation_space
@@ -79,19 +77,10 @@ class ServedPolicy(tf.Module):
         ]
         is_first = tf.TensorSpec([None], tf.bool, "is_first")
         seed = tf.TensorSpec([2], tf.int32, "seed")
-        low = high = None
-        if not discrete:
-            low = tf.constant(space.low, tf.float32)
-            high = tf.constant(space.high, tf.float32)
-        start = int(getattr(space, "start", 0))
 
         def act(obs, h, z, prev_action, is_first, seed, explore):
             action, (h, z, _) = model.policy_step((h, z, prev_action), obs, is_first, seed, explore)
-            if discrete:
-                env_action = tf.argmax(action, -1) + start
-            else:
-                env_action = rescale_action(action, low, high)
-            return {"action": env_action, "h": h, "z": z, "prev_action": action}
+            return {"action": env_action(action, space), "h": h, "z": z, "prev_action": action}
 
         def step(obs, h, z, prev_action, is_first):
             return act(obs, h, z, prev_action, is_first, tf.zeros([2], tf.int32), False)
@@ -167,6 +156,15 @@ def export_policy(algo_or_path, out_dir, jit_compile=None, env=None, env_config=
     return out_dir
 
 
+def saved_model_bytes(saved_model_dir):
+    """The size of an exported policy on disk, in bytes."""
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(os.fspath(saved_model_dir))
+        for name in names
+    )
+
+
 def _json_safe(mapping):
     return {k: v for k, v in mapping.items() if isinstance(v, str | int | float | bool | None)}
 
@@ -201,7 +199,7 @@ def run_saved_model(saved_model_dir, env, episodes, greedy=True, seed=None):
     policy = tf.saved_model.load(os.fspath(saved_model_dir))
     rng = np.random.default_rng(seed)
     returns, lengths = [], []
-    state = {k: v for k, v in policy.initial_state(tf.constant(1)).items()}
+    state = dict(policy.initial_state(tf.constant(1)))
     for _ in range(episodes):
         obs, _ = env.reset(seed=None if seed is None else int(rng.integers(2**31)))
         is_first, done, total, length = True, False, 0.0, 0

@@ -7,7 +7,7 @@ from ray.rllib.core.columns import Columns
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import get_model_size
 from rllib_dreamerv3.networks import set_matmul_dtype
-from rllib_dreamerv3.spaces import action_dim, check_spaces, is_discrete, rescale_action
+from rllib_dreamerv3.spaces import action_dim, check_spaces, env_action, is_discrete
 from rllib_dreamerv3.tf_rllib import TfRLModule
 
 IS_FIRST = "is_first"
@@ -83,19 +83,11 @@ class DreamerV3RLModule(TfRLModule):
         """The compiled policy,
         `(obs, is_first, h, z, action, seed) -> (env_action, model_action, h, z)`."""
         if explore not in self._policy_fns:
-            model = self.model
-            low = high = None
-            if not model.discrete:
-                low = tf.constant(self.action_space.low, tf.float32)
-                high = tf.constant(self.action_space.high, tf.float32)
+            model, space = self.model, self.action_space
 
             def policy(obs, is_first, h, z, action, seed):
                 action, (h, z, _) = model.policy_step((h, z, action), obs, is_first, seed, explore)
-                if model.discrete:
-                    env_action = tf.argmax(action, -1) + int(self.action_space.start)
-                else:
-                    env_action = rescale_action(action, low, high)
-                return env_action, action, h, z
+                return env_action(action, space), action, h, z
 
             jit = bool(self.model_config.get("jit_compile", True))
             self._policy_fns[explore] = tf.function(policy, autograph=False, jit_compile=jit)

@@ -2,6 +2,7 @@
 
 import gymnasium as gym
 import numpy as np
+import tensorflow as tf
 
 IMAGE_SIZE = 64  # the CNN encoder takes 64×64 images, as in the DreamerV3 paper
 
@@ -92,6 +93,16 @@ def action_dim(action_space):
 def rescale_action(action, low, high):
     """Map a model action in [-1, 1] to the env's `[low, high]` (numpy or TF alike)."""
     return low + (action + 1.0) * 0.5 * (high - low)
+
+
+def env_action(action, action_space):
+    """The model's actions `[N, A]` (one-hot, or in [-1, 1]) as the env's, in TF: the index
+    (from `action_space.start`), or the values rescaled to the Box bounds."""
+    if is_discrete(action_space):
+        return tf.argmax(action, -1) + int(action_space.start)
+    low = tf.constant(action_space.low, tf.float32)
+    high = tf.constant(action_space.high, tf.float32)
+    return rescale_action(action, low, high)
 
 
 def obs_storage_dtype(observation_space):

@@ -4,6 +4,7 @@ import math
 import pickle
 
 import gymnasium as gym
+import helpers
 import numpy as np
 import pytest
 from ray.rllib.utils.metrics import (
@@ -12,27 +13,14 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
 )
 
-from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, ReplayChunk
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def tiny_config(env="CartPole-v1"):
-    return (
-        DreamerV3Config()
-        .environment(env)
-        .training(
-            model_size="nano",
-            batch_size_B=4,
-            batch_length_T=8,
-            horizon_H=3,
-            training_ratio=32,
-            num_steps_sampled_before_learning_starts=16,
-            jit_compile=False,
-        )
-        .reporting(min_sample_timesteps_per_iteration=16)
-        .debugging(seed=0)
+    return helpers.tiny_config(
+        env, batch_size_B=4, num_steps_sampled_before_learning_starts=16, jit_compile=False
     )
 
 

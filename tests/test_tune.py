@@ -5,6 +5,7 @@ import importlib.util
 import math
 import os
 
+import helpers
 import pytest
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
@@ -15,21 +16,11 @@ SWEEP = os.path.join(os.path.dirname(__file__), "..", "tuned_examples", "sweep_c
 
 
 def tiny_config():
-    return (
-        DreamerV3Config()
-        .environment("CartPole-v1")
-        .training(
-            model_size="nano",
-            batch_size_B=4,
-            batch_length_T=8,
-            horizon_H=3,
-            training_ratio=32,
-            num_steps_sampled_before_learning_starts=16,
-            jit_compile=False,
-            tf_num_threads=1,
-        )
-        .reporting(min_sample_timesteps_per_iteration=16)
-        .debugging(seed=0)
+    return helpers.tiny_config(
+        batch_size_B=4,
+        num_steps_sampled_before_learning_starts=16,
+        jit_compile=False,
+        tf_num_threads=1,
     )
 
 
