@@ -94,6 +94,12 @@ HYPERPARAMETERS = {
         "warm-up env steps (random actions) before the first update",
     ),
     "store_replay_buffer_in_checkpoint": (True, "save the replay buffer with checkpoints"),
+    "sync_weights_every_n_updates": (
+        1,
+        "send the Learner's weights to the EnvRunners every N updates (1: act with the "
+        "latest weights, as the paper). A local EnvRunner beside a local Learner acts with "
+        "the Learner's own variables and never needs a sync",
+    ),
     "dream_every_n_updates": (
         1000,
         "report dream summaries (reconstructions, open-loop dreams) every N updates; 0: off",
@@ -142,6 +148,7 @@ HYPERPARAMETERS = {
 
 _POSITIVE_INTS = (
     "training_ratio",
+    "sync_weights_every_n_updates",
     "batch_size_B",
     "horizon_H",
     "replay_capacity",
@@ -320,6 +327,7 @@ class DreamerV3Config(AlgorithmConfig):
         replay_capacity: int = NotProvided,
         num_steps_sampled_before_learning_starts: int = NotProvided,
         store_replay_buffer_in_checkpoint: bool = NotProvided,
+        sync_weights_every_n_updates: int = NotProvided,
         dream_every_n_updates: int = NotProvided,
         dream_burn_in: int = NotProvided,
         dream_num_sequences: int = NotProvided,
@@ -616,6 +624,7 @@ class DreamerV3(Algorithm):
         self._counters.update(num_updates=0, env_steps_at_learning_start=None)
         self._dreams = None  # the latest dream summaries, until `step` reports them
         self._no_samples_since = None  # when remote EnvRunners started returning nothing
+        self._share_learner_module()
         # Only image dreams have videos (vector dreams are plots).
         videos = cfg.dream_every_n_updates and is_image(obs_space)
         if videos and importlib.util.find_spec("moviepy") is None:
@@ -626,6 +635,17 @@ class DreamerV3(Algorithm):
                 "dreams off.",
                 cfg.dream_every_n_updates,
             )
+
+    def _share_learner_module(self):
+        """With a local Learner, the local EnvRunner (in this process too) acts with the
+        Learner's module itself: no weights are copied to it (`DreamerV3EnvRunner.share_module`).
+        Remote EnvRunners still get theirs by `sync_weights`."""
+        if self.env_runner is None or not self.learner_group.is_local:
+            return
+        module = self.learner_group.foreach_learner(
+            lambda learner: learner.module[DEFAULT_MODULE_ID]
+        )
+        self.env_runner.share_module(next(iter(module)).get())
 
     # --- one training step --------------------------------------------------------------------
     def _env_steps_sampled(self):
@@ -736,12 +756,20 @@ class DreamerV3(Algorithm):
             )
             self.metrics.aggregate(results, key=LEARNER_RESULTS)
             self._counters["num_updates"] += 1
+        updates = self._counters["num_updates"]
         every = cfg.dream_every_n_updates
-        if every and self._counters["num_updates"] // every > updates_before // every:
+        if every and updates // every > updates_before // every:
             self._dreams = self._compute_dreams()
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group, inference_only=True
-        )
+        every = cfg.sync_weights_every_n_updates
+        if self._needs_weight_sync() and updates // every > updates_before // every:
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group, inference_only=True
+            )
+
+    def _needs_weight_sync(self):
+        """Whether any EnvRunner acts with a copy of the weights (remote ones always do)."""
+        shared = self.env_runner is not None and self.env_runner.shares_learner_module
+        return not shared or self.env_runner_group.num_remote_env_runners() > 0
 
     def _log_replay_and_ratio(self, sampled):
         cfg = self.config
@@ -829,6 +857,10 @@ class DreamerV3(Algorithm):
         keep the returned module for a loop of actions rather than calling this per step.
         """
         module = super().get_module(module_id)
+        if module is not None and getattr(self.env_runner, "shares_learner_module", False):
+            # The local EnvRunner acts with the Learner's module itself: hand out a copy, so
+            # that it does not change under the caller as training goes on.
+            module = self.config.get_rl_module_spec(spaces=self.env_runner.get_spaces()).build()
         if module is not None:
             state = self.learner_group.get_state(
                 components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{module_id}"

@@ -135,8 +135,26 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         )
         if self.config.seed is not None:
             self.module.set_policy_seed(self.config.seed + self.worker_index)
+        self.shares_learner_module = False  # see `share_module`
         self._pending = None  # per env: the current observation's record, waiting for an action
         self._pool = None  # the policy's worker thread when envs and policy overlap
+
+    def share_module(self, module):
+        """Act with `module`, the Learner's RLModule in this process, instead of a copy.
+
+        The policy then reads the Learner's variables themselves: every update is visible to
+        the next action without copying weights, and `set_state` leaves the module's weights
+        alone (they are the Learner's). Only for a local EnvRunner beside a local Learner; the
+        policy's seed carries over, so the actions equal those of a copy synced after every
+        update.
+        """
+        if self.worker_index != 0:
+            raise ValueError(
+                f"share_module is for the local EnvRunner (worker_index 0), not {self.worker_index}"
+            )
+        module.set_policy_seed_state(self.module.get_policy_seed_state())
+        self.module = module
+        self.shares_learner_module = True
 
     def _tf_threads(self):
         """TF threads of this process: `tf_num_threads`, else for a remote runner the CPUs Ray
@@ -188,7 +206,9 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                 module_state = ray.get(module_state)
             module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
             seq_no = state.get(WEIGHTS_SEQ_NO, 0)
-            if seq_no == 0 or seq_no > self._weights_seq_no:
+            if self.shares_learner_module:  # these are the module's own weights already
+                self._weights_seq_no = max(seq_no, self._weights_seq_no)
+            elif seq_no == 0 or seq_no > self._weights_seq_no:
                 self.module.set_state(module_state)
                 self._weights_seq_no = seq_no
         if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:

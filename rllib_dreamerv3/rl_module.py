@@ -70,6 +70,14 @@ class DreamerV3RLModule(TfRLModule):
         self._seed_key = int(state.view(np.int32)[0])
         self._seed_count = 0
 
+    def get_policy_seed_state(self):
+        """`(key, count)`: where the policy's seed sequence stands."""
+        return self._seed_key, self._seed_count
+
+    def set_policy_seed_state(self, state):
+        """Continue the seed sequence of :meth:`get_policy_seed_state` (e.g. another module's)."""
+        self._seed_key, self._seed_count = (int(x) for x in state)
+
     def _next_seed(self):
         self._seed_count = (self._seed_count + 1) % (2**31 - 1)
         return np.array([self._seed_key, self._seed_count], np.int32)

@@ -342,3 +342,80 @@ def test_remote_env_runners_use_their_cpus_as_tf_threads():
     assert threads(2, num_cpus_per_env_runner=3) == 3
     assert threads(1, training={"tf_num_threads": 4}) == 4
     assert threads(0) is None  # the local runner shares the Learner's process
+
+
+def _train_and_count_syncs(config, iterations):
+    """`(algo, sync_weights calls)` after `iterations` of training; the caller stops algo."""
+    algo = config.build_algo()
+    calls = []
+    sync = algo.env_runner_group.sync_weights
+    algo.env_runner_group.sync_weights = lambda *a, **kw: calls.append(1) or sync(*a, **kw)
+    for _ in range(iterations):
+        algo.train()
+    return algo, len(calls)
+
+
+def test_local_env_runner_acts_with_the_learners_variables(monkeypatch):
+    # Local EnvRunner and local Learner: the policy reads the Learner's module, nothing is
+    # synced, and every action equals that of the copy synced after every update.
+    shared, shared_syncs = _train_and_count_syncs(tiny_config(), 3)
+    monkeypatch.setattr(DreamerV3, "_share_learner_module", lambda self: None)
+    copied, copied_syncs = _train_and_count_syncs(tiny_config(), 3)
+    try:
+        learner_module = shared.learner_group._learner.module[DEFAULT_MODULE_ID]
+        assert shared.env_runner.module is learner_module
+        assert (
+            copied.env_runner.module is not copied.learner_group._learner.module[DEFAULT_MODULE_ID]
+        )
+        assert shared_syncs == 0
+        updates = copied._counters["num_updates"]
+        assert updates == shared._counters["num_updates"] >= 2 * 16
+        assert copied_syncs >= 16 + 1  # one per training step that updated
+        # Same actions taken (replay contents), same weights.
+        ours, theirs = shared.replay_buffer.get_state(), copied.replay_buffer.get_state()
+        assert ours["size"] == theirs["size"] > 32
+        for key in ours["data"]:
+            np.testing.assert_array_equal(ours["data"][key], theirs["data"][key], err_msg=key)
+        theirs_weights = _module_state(copied)
+        for name, value in _module_state(shared).items():
+            np.testing.assert_array_equal(value, theirs_weights[name], err_msg=name)
+        # get_module hands out a copy that training does not change.
+        module = shared.get_module()
+        assert module is not learner_module
+        before = module.get_state()
+        shared.train()
+        after = module.get_state()
+        changed = _module_state(shared)
+        for name, value in before.items():
+            np.testing.assert_array_equal(value, after[name], err_msg=name)
+        assert any(not np.array_equal(before[name], changed[name]) for name in before)
+    finally:
+        shared.stop()
+        copied.stop()
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_remote_env_runners_get_weights_every_n_updates(every):
+    # One update per training step (ratio 16 = B*T, one env step per sample): syncs follow
+    # the updates, every `every`-th of them.
+    config = tiny_config(training_ratio=16, sync_weights_every_n_updates=every).env_runners(
+        num_env_runners=1
+    )
+    algo, syncs = _train_and_count_syncs(config, 2)
+    try:
+        updates = algo._counters["num_updates"]
+        assert updates >= 16
+        assert syncs == updates // every
+        # The local EnvRunner (idle beside remote ones) shares the Learner's module; the
+        # remote one holds a copy, which after every update's sync equals the Learner's.
+        assert algo.env_runner.shares_learner_module
+        remote = algo.env_runner_group.foreach_env_runner(
+            lambda runner: runner.module.get_state(inference_only=True), local_env_runner=False
+        )[0]
+        learner = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+        inference = learner.get_state(inference_only=True)
+        assert sorted(remote) == sorted(inference)
+        stale = [k for k in inference if not np.array_equal(remote[k], inference[k])]
+        assert (stale == []) == (updates % every == 0)
+    finally:
+        algo.stop()

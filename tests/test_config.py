@@ -63,6 +63,11 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
         ("replay_capacity", 10, "replay_capacity=10 must hold at least one sequence"),
         ("actor_min_std", 2.0, "actor_min_std=2.0 must be smaller than actor_max_std"),
         ("cnn_kernel", 0, "cnn_kernel=0 must be a positive integer"),
+        (
+            "sync_weights_every_n_updates",
+            0,
+            "sync_weights_every_n_updates=0 must be a positive integer",
+        ),
         ("vector_mlp_units", 0, "vector_mlp_units=0 must be a positive integer, or None"),
         ("vector_mlp_layers", 2.5, "vector_mlp_layers=2.5 must be a positive integer, or None"),
         ("dream_every_n_updates", -1, "dream_every_n_updates=-1 must be an integer >= 0"),
