@@ -28,7 +28,7 @@ def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
         "model_size": "micro",
         "training_ratio": tune.grid_search([256, 512]),
         "world_model_lr": tune.choice([3e-4, 1e-3]),
-        "actor_lr": 3e-4,
+        "actor_lr": 1e-4,
         "critic_lr": 3e-4,
         "tf_num_threads": 1,
         "min_sample_timesteps_per_iteration": 500,
