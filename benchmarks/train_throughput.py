@@ -188,14 +188,34 @@ def build_ours(args):
     return algo, timers, last_batch
 
 
+def their_env(env_id):
+    """`(env, env_config)` for RLlib's side: Atari ids wrapped as its DreamerV3 Atari example
+    does (64×64×3 RGB, frameskip 4 in the wrapper, sticky actions 0.25 as ours by default)."""
+    if not env_id.startswith("ALE/"):
+        return env_id, {}
+    import gymnasium as gym
+    from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+    from ray.tune.registry import register_env
+
+    name = "rllib_wrapped_" + env_id.replace("/", "_")
+    register_env(
+        name,
+        lambda cfg: wrap_atari_for_new_api_stack(
+            gym.make("ale_py:" + env_id, **cfg), framestack=None, grayscale=False
+        ),
+    )
+    return name, {"frameskip": 1, "repeat_action_probability": 0.25, "full_action_space": True}
+
+
 def build_theirs(args):
     from ray.rllib.algorithms import dreamerv3 as their_package
     from ray.rllib.algorithms.dreamerv3 import dreamerv3 as their_module
 
+    env, env_config = their_env(args.env)
     config = (
         their_package.DreamerV3Config()
         .framework("torch")
-        .environment(args.env)
+        .environment(env, env_config=env_config)
         .env_runners(num_env_runners=args.env_runners)
         .training(**common(args))
         .reporting(min_sample_timesteps_per_iteration=args.steps)
