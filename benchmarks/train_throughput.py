@@ -42,6 +42,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from update_speed import time_learner_updates  # noqa: E402
+
 PIECES = (
     "sample",
     "replay",
@@ -133,14 +137,10 @@ def run(name, algo, timers, last_batch, args):
     seconds["iteration_overhead"] = wall - sum(seconds.values())
     # The training-step timer is the outermost wrap: its exclusive time is `other`.
     seconds["other"] += seconds.pop("training_step")
-    learner = local_learner(algo)
-    batch = last_batch["batch"]
-    times = []
-    for i in range(args.bare_updates + 1):
-        t = time.perf_counter()
-        learner.update(batch=batch, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: steps0 + i})
-        times.append(time.perf_counter() - t)
-    bare = float(np.median(times[1:]))
+    _, times, _ = time_learner_updates(
+        local_learner(algo), [last_batch["batch"]], args.bare_updates
+    )
+    bare = float(np.median(times))
     out = {
         "algorithm": name,
         "env_steps": steps,

@@ -766,10 +766,14 @@ class DreamerV3(Algorithm):
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
 
+    @property
+    def _local_runner_shares_module(self):
+        return self.env_runner is not None and self.env_runner.shares_learner_module
+
     def _needs_weight_sync(self):
         """Whether any EnvRunner acts with a copy of the weights (remote ones always do)."""
-        shared = self.env_runner is not None and self.env_runner.shares_learner_module
-        return not shared or self.env_runner_group.num_remote_env_runners() > 0
+        remote = self.env_runner_group.num_remote_env_runners() > 0
+        return remote or not self._local_runner_shares_module
 
     def _log_replay_and_ratio(self, sampled):
         cfg = self.config
@@ -857,7 +861,7 @@ class DreamerV3(Algorithm):
         keep the returned module for a loop of actions rather than calling this per step.
         """
         module = super().get_module(module_id)
-        if module is not None and getattr(self.env_runner, "shares_learner_module", False):
+        if module is not None and self._local_runner_shares_module:
             # The local EnvRunner acts with the Learner's module itself: hand out a copy, so
             # that it does not change under the caller as training goes on.
             module = self.config.get_rl_module_spec(spaces=self.env_runner.get_spaces()).build()
