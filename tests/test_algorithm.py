@@ -1,6 +1,7 @@
 """DreamerV3 inside RLlib: build and train, remote runners/learners, checkpoints, env runner."""
 
 import os
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -82,6 +83,16 @@ def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
             **{key: learner[key] for key in ("L_world_model", "L_actor", "L_critic")},
         },
     )
+
+
+def test_stop_releases_the_learner_and_env_runner_groups():
+    # Released at `stop()`, not whenever the garbage collector finds them: a trial actor is
+    # terminated right after `stop()`, and a `__del__` interrupted then prints a traceback.
+    algo = tiny_config("CartPole-v1").build_algo()
+    groups = [weakref.ref(algo.learner_group), weakref.ref(algo.env_runner_group)]
+    algo.train()
+    algo.stop()
+    assert [group() for group in groups] == [None, None]
 
 
 def test_pong_trains_two_iterations_with_uint8_frames_and_dreams():
