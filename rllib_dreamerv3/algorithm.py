@@ -18,6 +18,7 @@ import tempfile
 import textwrap
 import time
 
+import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
@@ -119,6 +120,12 @@ HYPERPARAMETERS = {
         "(same results as the plain TensorFlow path, faster on CPU); False: the "
         "plain path",
     ),
+    "learner_peer_timeout_s": (
+        30.0,
+        "with num_learners >= 2: a Learner whose peer's TF server does not answer a health "
+        "check (every third of this) within this many seconds aborts its all-reduces, and "
+        "training stops with an error instead of waiting for a dead Learner",
+    ),
     "tf_num_threads": (
         None,
         "cap TF's thread pools per process (None: TF's default in the "
@@ -167,6 +174,7 @@ _POSITIVE_FLOATS = (
     "actor_grad_clip",
     "critic_grad_clip",
     "actor_max_std",
+    "learner_peer_timeout_s",
 )
 PRECISIONS = ("float32", "bfloat16")
 _NON_NEGATIVE_INTS = ("dream_every_n_updates", "max_skipped_updates_in_a_row")
@@ -335,6 +343,7 @@ class DreamerV3Config(AlgorithmConfig):
         precision: str = NotProvided,
         jit_compile: bool = NotProvided,
         fast_kernels: bool = NotProvided,
+        learner_peer_timeout_s: float = NotProvided,
         tf_num_threads: int | None = NotProvided,
         nonfinite_env_data: str = NotProvided,
         max_skipped_updates_in_a_row: int = NotProvided,
@@ -485,13 +494,38 @@ class DreamerV3Config(AlgorithmConfig):
                 f"rollout_fragment_length={fragment!r} must be 'auto' or a "
                 "positive integer (env steps per env per sample call)."
             )
-        if self.num_learners > 1:
+        if self.num_learners > 1 and self.batch_size_B % self.num_learners:
             self._value_error(
-                f"num_learners={self.num_learners}: TF learners do not synchronise gradients "
-                "across processes; use num_learners=0 (local) or 1 (one remote Learner)."
+                f"batch_size_B={self.batch_size_B} must be a multiple of num_learners="
+                f"{self.num_learners}: each Learner updates on batch_size_B / num_learners of "
+                "its rows (batch_size_B is the total over all Learners)."
             )
+        self._validate_gpus()
         if self.is_multi_agent:
             self._value_error("DreamerV3 is single-agent; multi-agent configs are not supported.")
+
+    def _validate_gpus(self):
+        """`num_gpus_per_learner > 0` needs GPUs: those of the Ray cluster if Ray runs, else
+        this machine's (where `build()` starts Ray)."""
+        wanted = self.num_gpus_per_learner
+        if not wanted:
+            return
+        import ray
+
+        if ray.is_initialized():
+            available, where = ray.cluster_resources().get("GPU", 0), "the Ray cluster has"
+        else:
+            import tensorflow as tf
+
+            available, where = len(tf.config.list_physical_devices("GPU")), "this machine has"
+        needed = wanted * max(1, self.num_learners)
+        if available < needed:
+            self._value_error(
+                f"num_gpus_per_learner={wanted} with num_learners={self.num_learners} needs "
+                f"{needed:g} GPU(s), but {where} {available:g} (TensorFlow finds a GPU only "
+                "with a CUDA build, `pip install tensorflow[and-cuda]`). Set "
+                "num_gpus_per_learner=0 to learn on CPUs."
+            )
 
     def _validate_dream_values(self):
         sequences, burn_in = self.dream_num_sequences, self.dream_burn_in
@@ -544,6 +578,20 @@ class DreamerV3Config(AlgorithmConfig):
         replay_per_update = self.batch_size_B * self.batch_length_T
         envs = max(1, self.num_env_runners) * self.num_envs_per_env_runner
         return max(1, round(replay_per_update / self.training_ratio / envs))
+
+
+def learner_batches(batch, num_learners):
+    """`LearnerGroup.update` arguments for a replay batch `{key: [B, T, ...]}`: with several
+    Learners, one contiguous block of `B / num_learners` rows each, in Learner order (the
+    update's random draws are laid out for that order, see `update.make_update_fn`)."""
+    num = max(1, num_learners)
+    rows, length = batch["rewards"].shape[:2]
+    shards = [{key: np.split(value, num)[i] for key, value in batch.items()} for i in range(num)]
+    batches = [
+        MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(shard)}, rows // num * length)
+        for shard in shards
+    ]
+    return {"batch": batches[0]} if num == 1 else {"batches": batches}
 
 
 class DreamerV3(Algorithm):
@@ -650,10 +698,9 @@ class DreamerV3(Algorithm):
         Remote EnvRunners still get theirs by `sync_weights`."""
         if self.env_runner is None or not self.learner_group.is_local:
             return
-        module = self.learner_group.foreach_learner(
-            lambda learner: learner.module[DEFAULT_MODULE_ID]
+        self.env_runner.share_module(
+            self._first_learner(lambda learner: learner.module[DEFAULT_MODULE_ID])
         )
-        self.env_runner.share_module(next(iter(module)).get())
 
     # --- one training step --------------------------------------------------------------------
     def _env_steps_sampled(self):
@@ -756,12 +803,7 @@ class DreamerV3(Algorithm):
         updates_before = self._counters["num_updates"]
         while self._counters["num_updates"] < target_updates:
             batch = self.replay_buffer.sample(cfg.batch_size_B)
-            results = self.learner_group.update(
-                batch=MultiAgentBatch(
-                    {DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=replay_per_update
-                ),
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled},
-            )
+            results = self._update_learners(batch, sampled)
             self.metrics.aggregate(results, key=LEARNER_RESULTS)
             self._counters["num_updates"] += 1
         updates = self._counters["num_updates"]
@@ -773,6 +815,24 @@ class DreamerV3(Algorithm):
             self.env_runner_group.sync_weights(
                 from_worker_or_learner_group=self.learner_group, inference_only=True
             )
+
+    def _update_learners(self, batch, sampled):
+        try:
+            return self.learner_group.update(
+                **learner_batches(batch, self.config.num_learners),
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled},
+            )
+        except Exception as error:
+            if self.config.num_learners < 2:
+                raise
+            raise RuntimeError(
+                f"A Learner of the group of num_learners={self.config.num_learners} failed "
+                f"during update {self._counters['num_updates'] + 1} ({type(error).__name__}: "
+                f"{str(error).strip().splitlines()[-1][:300]}). Data-parallel Learners "
+                "all-reduce every update, so the group cannot go on without it: training "
+                "stops. Restore the last checkpoint (DreamerV3.from_checkpoint; under Ray "
+                "Tune, FailureConfig(max_failures=...) restores it automatically)."
+            ) from error
 
     @property
     def _local_runner_shares_module(self):
@@ -810,8 +870,14 @@ class DreamerV3(Algorithm):
     def _compute_dreams(self):
         """Dream summaries of a fresh replay batch, computed by the Learner (it holds the
         decoder and heads that the EnvRunners' inference-only modules lack)."""
-        batch = self.replay_buffer.sample(self.config.batch_size_B)
-        results = self.learner_group.foreach_learner(lambda learner: learner.dreams(batch))
+        rows = self.config.batch_size_B // max(1, self.config.num_learners)
+        batch = self.replay_buffer.sample(rows)  # one Learner's share: its update's shapes
+        return self._first_learner(lambda learner: learner.dreams(batch))
+
+    def _first_learner(self, func):
+        """`func(learner)` of the (first) Learner: all Learners hold the same weights."""
+        ids = None if self.learner_group.is_local else [0]
+        results = self.learner_group.foreach_learner(func, remote_actor_ids=ids)
         return next(iter(results)).get()
 
     def train(self):

@@ -10,6 +10,13 @@ from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
 from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
 from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
 
+# What a collective raises when a peer is gone: its timeout, or a connection error.
+_COLLECTIVE_ERRORS = (
+    tf.errors.DeadlineExceededError,
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
 SKIPPED_METRICS = ("skipped_world_model", "skipped_critic", "skipped_actor")
 NUM_SKIPPED_UPDATES_LIFETIME = "num_skipped_updates_lifetime"
 
@@ -51,18 +58,29 @@ class DreamerV3Learner(TfLearner):
         module = self.module[DEFAULT_MODULE_ID]
         optimizers = {name: opt for name, opt in self.get_optimizers_for_module(DEFAULT_MODULE_ID)}
         obs_space = module.observation_space
+        group = self.collective
         self._signature = batch_signature(
             obs_space.shape,
             tf.as_dtype(obs_storage_dtype(obs_space)),
             action_dim(module.action_space),
-            cfg.batch_size_B,
+            cfg.batch_size_B // (1 if group is None else group.group_size),  # this one's rows
             cfg.batch_length_T,
         )
         self._update_fn = make_update_fn(
-            module.model, optimizers, cfg, self._signature, jit_compile=cfg.jit_compile
+            module.model,
+            optimizers,
+            cfg,
+            self._signature,
+            # XLA does not compile the Learners' collectives (see `tf_rllib.collectives`).
+            jit_compile=cfg.jit_compile and group is None,
+            collective=group,
         )
         self._update_call = None  # its concrete function, traced on the first update
-        self._seed_rng = np.random.default_rng(cfg.seed)
+        seed = cfg.seed
+        if group is not None:  # every Learner must draw the same update seeds
+            entropy = np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] >> 12
+            seed = int(group.broadcast([tf.constant(entropy, tf.int64)])[0])
+        self._seed_rng = np.random.default_rng(seed)
         self._dream_fn = None  # built on the first `dreams` call: no cost when dreams are off
         self._skipped_in_a_row = 0  # consecutive updates with a skipped step
         self._skipped_total = 0
@@ -81,7 +99,8 @@ class DreamerV3Learner(TfLearner):
             if tuple(batch[key].shape) != tuple(spec.shape):
                 raise ValueError(
                     f"DreamerV3 batch[{key!r}] has shape {tuple(batch[key].shape)}, expected "
-                    f"{tuple(spec.shape)} (B={self.config.batch_size_B}, "
+                    f"{tuple(spec.shape)} (B={self.config.batch_size_B} rows over "
+                    f"{max(1, self.config.num_learners)} Learner(s), "
                     f"T={self.config.batch_length_T})."
                 )
 
@@ -115,7 +134,20 @@ class DreamerV3Learner(TfLearner):
         # to the signature and looking the trace up in its cache. That work does not grow with the
         # model, so it matters most for small models, where the compiled update itself is short.
         # The input signature is fixed, so this concrete function is the one and only trace.
-        metrics = self._update_call(inputs, seed)
+        try:
+            metrics = self._update_call(inputs, seed)
+        except _COLLECTIVE_ERRORS as error:
+            if self.collective is None:
+                raise
+            group = self.collective
+            peer = group.failed_peer or "another Learner"
+            raise RuntimeError(
+                f"Learner {group.rank} of {group.group_size}: the update's all-reduce with the "
+                f"other Learners failed ({type(error).__name__}): {peer} did not answer within "
+                f"learner_peer_timeout_s={self.config.learner_peer_timeout_s} s. The group "
+                "cannot go on without it; restore the last checkpoint (Ray Tune's "
+                "FailureConfig(max_failures=...) does so automatically)."
+            ) from error
         self._count_skipped_steps(metrics)
         self.metrics.log_dict(metrics, key=DEFAULT_MODULE_ID, window=1)
         # 1 from the first update on; more would mean re-tracing (and re-compiling).

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3.tf_rllib.collectives import gather_in_group
 
 sg = tf.stop_gradient
 
@@ -211,8 +212,9 @@ def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weight
     entropy.
     """
     actor = model.actor
+    # With data-parallel Learners, the percentiles are those of all Learners' returns.
     scale = math_ops.return_scale_update(
-        model.return_scale, sg(returns), hp.return_normalization_decay
+        model.return_scale, gather_in_group(sg(returns)), hp.return_normalization_decay
     )
     # With continuous actions the advantage is differentiated through the returns and through
     # the baseline v(s_t), whose state depends on the actor's earlier actions (as in the

@@ -6,14 +6,33 @@ an integer mixer (lowbias32, 32-bit multiply/xor-shift) instead: plain integer o
 every backend. Seeds are `[2]` int32 tensors. Shapes are lists of ints, where a dimension may
 also be a scalar int tensor (a batch size known only at run time, as in an exported policy);
 element `i` of a draw depends only on the seed and `i`.
+
+Within :func:`sharded` (`index`, `count`), every draw is the `index`-th of `count` equal,
+contiguous blocks of the draw `count` times as large: data-parallel Learners that each hold
+`1/count` of a batch's rows (batch dimension first) draw exactly the numbers that one Learner
+with the whole batch draws for those rows.
 """
 
+import contextlib
 import math
+import threading
 
 import numpy as np
 import tensorflow as tf
 
 _GOLDEN = 0x9E3779B9
+_shard = threading.local()
+
+
+@contextlib.contextmanager
+def sharded(index, count):
+    """Draws inside are block `index` of `count` (see the module doc); read at trace time."""
+    previous = getattr(_shard, "value", (0, 1))
+    _shard.value = (index, count)
+    try:
+        yield
+    finally:
+        _shard.value = previous
 
 
 def _mix(x):
@@ -59,6 +78,9 @@ def uniform(shape, seed):
     """Uniform floats in the open interval (0, 1), `shape` (see the module doc)."""
     num = _num_elements(shape)
     counter = tf.cast(tf.range(num), tf.uint32)
+    index, _ = getattr(_shard, "value", (0, 1))
+    if index:
+        counter += tf.cast(num, tf.uint32) * tf.constant(index, tf.uint32)
     key = _key(seed)
     bits = _mix(tf.bitwise.bitwise_xor(_mix(counter), key) + key)
     values = (tf.cast(tf.bitwise.right_shift(bits, 8), tf.float32) + 0.5) * (2.0**-24)
@@ -67,7 +89,9 @@ def uniform(shape, seed):
 
 def normal(shape, seed):
     """Standard normal floats (Box–Muller), `shape` (see the module doc)."""
-    u1, u2 = tf.unstack(uniform([2, *shape], seed), num=2)
+    # The pair of uniforms of one normal is adjacent, so that a block of normals is a block of
+    # uniforms (see `sharded`).
+    u1, u2 = tf.unstack(uniform([*shape, 2], seed), num=2, axis=-1)
     return tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(2.0 * math.pi * u2)
 
 

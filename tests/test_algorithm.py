@@ -169,15 +169,16 @@ def test_checkpoint_round_trip(tmp_path, store_buffer, monkeypatch):
         algo.train()
         path = algo.save_to_path(str(tmp_path / "ckpt"))
         restored = DreamerV3.from_checkpoint(path)
+        before = _module_state(algo)
+        opt_before = algo.learner_group._learner._get_optimizer_state()
     finally:
         algo.stop()
     try:
-        before, after = _module_state(algo), _module_state(restored)
+        after = _module_state(restored)
         assert before.keys() == after.keys()
         assert any("critic_ema" in k for k in after) and "model/return_scale" in after
         for key in before:
             np.testing.assert_array_equal(before[key], after[key], err_msg=key)
-        opt_before = algo.learner_group._learner._get_optimizer_state()
         opt_after = restored.learner_group._learner._get_optimizer_state()
         assert sorted(opt_before) == sorted(opt_after) and len(opt_after) == 3
         for name in opt_before:

@@ -90,12 +90,6 @@ def test_bad_values_are_named(key, value, message):
         config.validate()
 
 
-def test_more_than_one_learner_is_rejected():
-    config = DreamerV3Config().environment("CartPole-v1").learners(num_learners=2)
-    with pytest.raises(ValueError, match="num_learners=2"):
-        config.validate()
-
-
 def test_torch_framework_is_rejected():
     config = DreamerV3Config().environment("CartPole-v1").framework("torch")
     with pytest.raises(ValueError, match="TensorFlow 2 only"):

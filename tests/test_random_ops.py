@@ -86,3 +86,30 @@ def test_a_batch_size_known_only_at_run_time_draws_the_same_numbers():
     )
     for a, b in zip(dynamic(probs), static):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sharded_draws_are_blocks_of_the_whole_draw():
+    # Data-parallel Learners with 2 of 6 rows each draw exactly their rows of the 6-row draw.
+    seed = tf.constant([5, 6])
+    probs = np.random.default_rng(0).dirichlet(np.ones(4), size=6).astype(np.float32)
+    whole = (
+        random_ops.uniform([6, 3], seed),
+        random_ops.normal([6, 3], seed),
+        random_ops.categorical(probs, seed),
+    )
+    for index in range(3):
+        rows = slice(2 * index, 2 * index + 2)
+        with random_ops.sharded(index, 3):
+            shard = (
+                random_ops.uniform([2, 3], seed),
+                random_ops.normal([2, 3], seed),
+                random_ops.categorical(probs[rows], seed),
+            )
+        np.testing.assert_array_equal(shard[0], whole[0][rows])  # the same uniforms, so
+        # the same normals up to the ulps in which vectorised log/cos differ with the length
+        np.testing.assert_allclose(shard[1], whole[1][rows], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(shard[2], whole[2][rows])
+    # Outside the context, draws are the first block again.
+    np.testing.assert_array_equal(random_ops.uniform([2, 3], seed), whole[0][:2])
+    with random_ops.sharded(1, 3):
+        assert not np.array_equal(random_ops.uniform([2, 3], seed), whole[0][:2])

@@ -41,17 +41,17 @@ def limit_tf_threads(num_threads):
 
 
 def _tf_backend_config(original):
-    """Wrap `learner_group._get_backend_config`: TF learners get a plain `BackendConfig`.
-
-    A single remote TF learner needs no process-group setup (torch's DDP is what the original
-    configures); multi-learner TF training is rejected by the config's validation instead.
+    """Wrap `learner_group._get_backend_config` (which raises for anything but torch): TF
+    Learners get Ray Train's `TensorflowConfig`, whose backend writes `TF_CONFIG` (all
+    Learners' addresses, this one's index) on every Learner actor before it is built; with
+    `num_learners >= 2`, `TfLearner.build` joins that cluster (see `collectives`).
     """
 
     def get_backend_config(learner_class):
         if learner_class.framework == "tf2":
-            from ray.train.backend import BackendConfig
+            from ray.train.tensorflow import TensorflowConfig
 
-            return BackendConfig()
+            return TensorflowConfig()
         return original(learner_class)
 
     get_backend_config._rllib_dreamerv3_patch = True

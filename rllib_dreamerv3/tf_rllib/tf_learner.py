@@ -11,6 +11,7 @@ import tf_keras
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
+from rllib_dreamerv3.tf_rllib import collectives
 from rllib_dreamerv3.tf_rllib.compat import ensure_tf2_behavior, limit_tf_threads
 from rllib_dreamerv3.tf_rllib.tensors import to_tensor
 
@@ -44,10 +45,30 @@ class TfLearner(Learner):
         ensure_tf2_behavior()
         super().__init__(**kwargs)
         self._compiled_update = None
+        self.collective = None
 
     def build(self):
+        """Build the module and optimizers. With `num_learners >= 2`, first join the other
+        Learners' TF cluster (`TF_CONFIG`, written by Ray Train's TF backend) and afterwards
+        give every Learner rank 0's weights and optimizer state: :attr:`collective` is then
+        the group's :class:`~rllib_dreamerv3.tf_rllib.collectives.Collective` (else None)."""
         limit_tf_threads(getattr(self.config, "tf_num_threads", None))
+        cluster = collectives.cluster_from_env() if self.config.num_learners > 1 else None
+        if cluster is not None:  # before any variable exists (see `collectives.connect`)
+            self.collective = collectives.connect(*cluster)
         super().build()
+        if self.collective is not None:
+            self.collective.broadcast_variables(self._all_variables())  # all peers are up
+            self.collective.watch_peers(getattr(self.config, "learner_peer_timeout_s", 30.0))
+
+    def _all_variables(self):
+        """The module's variables and the optimizers' (in a fixed order)."""
+        variables = []
+        for module_id in sorted(self.module.keys()):
+            variables.extend(self.module[module_id].tf_variables().values())
+        for optimizer in self._named_optimizers.values():
+            variables.extend(optimizer.variables)
+        return variables
 
     # --- parameters and batches -------------------------------------------------------------
     def get_param_ref(self, param):

@@ -406,15 +406,16 @@ def test_ray_is_the_pinned_version():
 
 def test_apply_ray_patches_makes_tf2_backend_config():
     from ray.rllib.core.learner import learner_group
-    from ray.train.backend import BackendConfig
+    from ray.train.tensorflow import TensorflowConfig
 
     applied = ["learner_group._get_backend_config", "silenced notices"]
     assert apply_ray_patches() == applied
     assert apply_ray_patches() == applied  # idempotent
     patched = learner_group._get_backend_config
     assert getattr(patched, "_rllib_dreamerv3_patch", False)
-    assert type(patched(_Tf2Learner)) is BackendConfig
-    assert type(patched(ToyLearner)) is BackendConfig
+    # Ray Train's TF backend writes TF_CONFIG, from which several Learners form a TF cluster.
+    assert type(patched(_Tf2Learner)) is TensorflowConfig
+    assert type(patched(ToyLearner)) is TensorflowConfig
     # Applying it twice did not wrap the wrapper.
     assert not getattr(_original_get_backend_config(patched), "_rllib_dreamerv3_patch", False)
 
