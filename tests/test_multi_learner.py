@@ -15,11 +15,13 @@ from rllib_dreamerv3.algorithm import learner_batches
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_four_cpus():
-    """Two Learners and two EnvRunners take a CPU each (logical CPUs: the machine has 2)."""
+    """Two Learners and two EnvRunners take a CPU each (logical CPUs: the machine has 2). A Ray
+    left running by an earlier test module may have fewer: the Learners would wait forever."""
+    if ray.is_initialized():
+        ray.shutdown()
     ray.init(
         num_cpus=4,
         include_dashboard=False,
-        ignore_reinit_error=True,
         runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}},
     )
     yield
