@@ -7,7 +7,6 @@ without an import cycle; `rllib_dreamerv3.config` re-exports the config's names.
 """
 
 import difflib
-import gc
 import importlib.util
 import inspect
 import logging
@@ -651,13 +650,13 @@ class DreamerV3(Algorithm):
 
     def cleanup(self):
         super().cleanup()
-        # Release the stopped groups now. Left to the cyclic garbage collector, their
-        # `__del__` may run while Ray terminates this process (a trial actor gets SIGTERM,
-        # i.e. `SystemExit`, after `stop()`), which prints an "Exception ignored" traceback.
+        # Release the stopped groups now (their last references). Kept, they would be freed
+        # whenever this object is, which for a Tune trial actor can be while Ray terminates the
+        # process right after `stop()` (SIGTERM, raised as `SystemExit`): an interrupted
+        # `__del__` then prints an "Exception ignored" traceback.
         for name in ("learner_group", "env_runner_group", "eval_env_runner_group"):
             if getattr(self, name, None) is not None:
                 setattr(self, name, None)
-        gc.collect()
         if getattr(self, "_temporary_logdir", False):
             try:
                 os.rmdir(self._logdir)

@@ -1,4 +1,10 @@
-"""Data-parallel Learners (`num_learners >= 2`): TF collectives set up by Ray Train's backend."""
+"""Data-parallel Learners (`num_learners >= 2`): TF collectives set up by Ray Train's backend.
+
+Marked `slow` so that the default suite runs them through `test_multi_learner_isolated.py`,
+in an interpreter of their own. Every XLA compilation stays mapped in its process for good, and
+the whole suite in one process comes close to Linux's default `vm.max_map_count` (65,530 memory
+maps; past it, TF dies with SIGSEGV): with these tests in it, the suite crashed.
+"""
 
 import time
 
@@ -11,6 +17,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.algorithm import learner_batches
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
