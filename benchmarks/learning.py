@@ -1,7 +1,7 @@
 """Train one tuned example until its stop criterion; print one JSON line per iteration.
 
 Usage: python benchmarks/learning.py tuned_examples/cartpole.yaml [--max-minutes 60] [--seed 0]
-       [--config '{world_model_lr: 1.0e-4}']
+       [--config '{world_model_lr: 1.0e-4}'] [--env DMC/reacher-easy]
        [--dreams-dir benchmarks/out/dreams]
 
 Each line: iteration, env steps sampled, updates, wall seconds since the start (build included),
@@ -51,15 +51,18 @@ def main():
         default={},
         help="JSON/YAML mapping merged into the example's config, e.g. '{actor_lr: 3.0e-5}'",
     )
+    parser.add_argument("--env", help="env id, in place of the example's")
     parser.add_argument("--dreams-dir", default=os.path.join("benchmarks", "out", "dreams"))
     args = parser.parse_args()
     with open(args.yaml_file) as f:
         experiments = yaml.safe_load(f)
     name, spec = next(iter(experiments.items()))
+    if args.env:
+        name = f"{name}-{args.env.replace('/', '-')}"
     config = (
         DreamerV3Config()
         .update_from_dict({**spec.get("config", {}), **args.config})
-        .environment(spec["env"])
+        .environment(args.env or spec["env"])
         .debugging(seed=args.seed)
         .training(log_progress=False)  # the JSON lines are the progress
     )

@@ -42,7 +42,7 @@ from rllib_dreamerv3.model_sizes import MODEL_SIZES
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, log_progress, summary
 from rllib_dreamerv3.replay_buffer import ReplayBuffer, bytes_per_step
 from rllib_dreamerv3.rl_module import DreamerV3RLModule
-from rllib_dreamerv3.spaces import action_dim, check_spaces, is_image, obs_storage_dtype
+from rllib_dreamerv3.spaces import ObsFormat, action_dim, check_spaces, is_image
 
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
@@ -86,6 +86,15 @@ HYPERPARAMETERS = {
     "vector_mlp_layers": (
         None,
         "hidden layers of the vector-observation encoder and decoder (None: the model size's)",
+    ),
+    "encoder_keys": (
+        ".*",
+        "Dict observations: the entries the encoder reads, a regular expression matching whole "
+        "keys or a list of keys (vectors go through the MLP, images through the CNN)",
+    ),
+    "decoder_keys": (
+        ".*",
+        "Dict observations: the entries the decoder reconstructs (as encoder_keys)",
     ),
     "actor_min_std": (0.1, "minimum std of the continuous actor"),
     "actor_max_std": (1.0, "maximum std of the continuous actor"),
@@ -330,6 +339,8 @@ class DreamerV3Config(AlgorithmConfig):
         cnn_kernel: int = NotProvided,
         vector_mlp_units: int | None = NotProvided,
         vector_mlp_layers: int | None = NotProvided,
+        encoder_keys: str | list = NotProvided,
+        decoder_keys: str | list = NotProvided,
         actor_min_std: float = NotProvided,
         actor_max_std: float = NotProvided,
         replay_capacity: int = NotProvided,
@@ -388,6 +399,8 @@ class DreamerV3Config(AlgorithmConfig):
             "cnn_kernel",
             "vector_mlp_units",
             "vector_mlp_layers",
+            "encoder_keys",
+            "decoder_keys",
             "precision",
             "jit_compile",
         )
@@ -424,6 +437,14 @@ class DreamerV3Config(AlgorithmConfig):
             if value is not None and not (integer and value > 0):
                 self._value_error(
                     f"{name}={value!r} must be a positive integer, or None for the model size's."
+                )
+        for name in ("encoder_keys", "decoder_keys"):
+            value = getattr(self, name)
+            keys = isinstance(value, (list, tuple)) and all(isinstance(k, str) for k in value)
+            if not (isinstance(value, str) or (keys and value)):
+                self._value_error(
+                    f"{name}={value!r} must be a regular expression (a str, matching whole keys) "
+                    "or a non-empty list of observation keys."
                 )
         for name in _NON_NEGATIVE_INTS:
             value = getattr(self, name)
@@ -553,13 +574,16 @@ class DreamerV3Config(AlgorithmConfig):
             finally:
                 env.close()
         check_spaces(obs_space, act_space)
+        try:
+            ObsFormat(obs_space, self.encoder_keys, self.decoder_keys)
+        except ValueError as err:
+            self._value_error(str(err))
         self._validate_replay_memory(obs_space, act_space)
 
     def _validate_replay_memory(self, observation_space, action_space):
         """A full replay buffer must fit into this machine's memory (images: ~12 kB a step)."""
-        per_step = bytes_per_step(
-            observation_space.shape, obs_storage_dtype(observation_space), action_dim(action_space)
-        )
+        obs_format = ObsFormat(observation_space)
+        per_step = bytes_per_step(obs_format.shape(), obs_format.dtype(), action_dim(action_space))
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if self.replay_capacity * per_step > memory:
             self._value_error(
@@ -579,13 +603,22 @@ class DreamerV3Config(AlgorithmConfig):
         return max(1, round(replay_per_update / self.training_ratio / envs))
 
 
+def _split_rows(value, num):
+    """`num` row blocks of an array, or of every entry of a dict of arrays (one dict each)."""
+    if isinstance(value, dict):
+        blocks = {key: np.split(entry, num) for key, entry in value.items()}
+        return [{key: entry[i] for key, entry in blocks.items()} for i in range(num)]
+    return np.split(value, num)
+
+
 def learner_batches(batch, num_learners):
     """`LearnerGroup.update` arguments for a replay batch `{key: [B, T, ...]}`: with several
     Learners, one contiguous block of `B / num_learners` rows each, in Learner order (the
     update's random draws are laid out for that order, see `update.make_update_fn`)."""
     num = max(1, num_learners)
     rows, length = batch["rewards"].shape[:2]
-    shards = [{key: np.split(value, num)[i] for key, value in batch.items()} for i in range(num)]
+    parts = {key: _split_rows(value, num) for key, value in batch.items()}
+    shards = [{key: value[i] for key, value in parts.items()} for i in range(num)]
     batches = [
         MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(shard)}, rows // num * length)
         for shard in shards
@@ -667,11 +700,12 @@ class DreamerV3(Algorithm):
         super().setup(config)
         cfg = self.config
         obs_space, act_space = self.spaces[INPUT_ENV_SINGLE_SPACES]
+        obs_format = ObsFormat(obs_space)
         self.replay_buffer = ReplayBuffer(
             cfg.replay_capacity,
             cfg.batch_length_T,
-            obs_space.shape,
-            obs_storage_dtype(obs_space),
+            obs_format.shape(),
+            obs_format.dtype(),
             action_dim(act_space),
             seed=cfg.seed,
         )

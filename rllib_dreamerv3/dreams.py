@@ -35,7 +35,9 @@ def _media(array):
 def make_dream_fn(model, signature, burn_in, num_sequences, jit_compile=True):
     """A compiled `dream(batch, seed) -> dict` on the first `num_sequences` sequences of a batch.
 
-    The dict holds, all batch-major `[n, T, ...]`: `obs` (real), `recon` (decoded posterior),
+    The dict holds, all batch-major `[n, T, ...]` (observations as dicts `{key: ...}` for Dict
+    observations, of the decoded keys for `recon` and `dream`): `obs` (real), `recon` (decoded
+    posterior),
     `dream` (decoded posterior for the first `burn_in` steps, then open-loop prior predictions
     with the real actions; an `is_first` inside the dream resets to the initial state), and
     real / open-loop `rewards` and continue probabilities. Traced once; only called when dream
@@ -45,9 +47,10 @@ def make_dream_fn(model, signature, burn_in, num_sequences, jit_compile=True):
     length = signature["rewards"].shape[1]
 
     def dream(batch, seed):
-        batch = {key: value[:num_sequences] for key, value in batch.items()}
+        batch = tf.nest.map_structure(lambda value: value[:num_sequences], batch)
         seeds = random_ops.split(seed, 2 * length)
-        obs, actions = time_major(batch["obs"]), time_major(batch["actions"])
+        obs = tf.nest.map_structure(time_major, batch["obs"])
+        actions = time_major(batch["actions"])
         is_first = time_major(batch["is_first"])
         prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
         h, z, _, _ = wm.observe(wm.encoder(obs), prev_actions, is_first, seeds[:length])
@@ -59,7 +62,10 @@ def make_dream_fn(model, signature, burn_in, num_sequences, jit_compile=True):
             h_t, z_t = wm.imagine_step(h_t, z_t, action, seeds[length + t])
             feats.append(tf.concat([h_t, z_t], -1))
         dreamed = tf.stack(feats, 0)
-        batch_major = time_major  # swapping the first two axes back: [T, n] -> [n, T]
+
+        def batch_major(x):  # swapping the first two axes back: [T, n] -> [n, T]
+            return tf.nest.map_structure(time_major, x)
+
         return {
             "obs": batch["obs"],
             "recon": batch_major(wm.decoder.predict(posterior)),
@@ -82,33 +88,43 @@ def dream_summaries(out, burn_in):
     """Media and scalars from :func:`make_dream_fn`'s numpy output.
 
     Returns a dict: `reconstruction` (image: real above decoded-posterior frames, for each
-    sequence), `video` (real | dream | error, one row per sequence; images only) or
-    `observations` (vector plot: real, posterior, dream for the first dims of sequence 0),
-    `rewards_and_continues` (plot: real vs dreamed), and scalars `obs_mse_posterior`,
+    sequence) and `video` (real | dream | error, one row per sequence) for image observations;
+    `observations` (vector plot: real, posterior, dream for the first dims of sequence 0) for
+    vectors; `rewards_and_continues` (plot: real vs dreamed); scalars `obs_mse_posterior`,
     `obs_mse_open_loop`, `reward_mae_open_loop`, `continue_mae_open_loop` (open loop: the
-    imagined steps only).
+    imagined steps only). For Dict observations every decoded image entry gets its own
+    `reconstruction/<key>`, `video/<key>` and every entry its own `obs_mse_*/<key>`; the vector
+    entries share one `observations` plot.
     """
-    obs, recon, dream = out["obs"], out["recon"], out["dream"]
-    image = obs.ndim == 5
-    scale = 255.0 if image else 1.0
-    real = obs.astype(np.float32) / scale
-    summaries = {
-        "obs_mse_posterior": float(np.mean((recon / scale - real) ** 2)),
-        "obs_mse_open_loop": float(np.mean((dream[:, burn_in:] / scale - real[:, burn_in:]) ** 2)),
-        "reward_mae_open_loop": float(
-            np.mean(np.abs(out["reward_dream"][:, burn_in:] - out["reward_real"][:, burn_in:]))
-        ),
-        "continue_mae_open_loop": float(
-            np.mean(np.abs(out["continue_dream"][:, burn_in:] - out["continue_real"][:, burn_in:]))
-        ),
-    }
-    if image:
-        summaries["reconstruction"] = _media(_frame_grid(obs, recon).transpose(2, 0, 1))
-        summaries["video"] = _media(_video(obs, dream)[None].transpose(0, 1, 4, 2, 3))
-    else:
-        summaries["observations"] = _media(
-            _vector_plot(obs[0], recon[0], dream[0], burn_in).transpose(2, 0, 1)
+    recon, dream = out["recon"], out["dream"]
+    dict_obs = isinstance(recon, dict)
+    entries = recon.keys() if dict_obs else [None]
+    summaries, panels = {}, []
+    for key in entries:
+        suffix, name = ("", "obs") if key is None else (f"/{key}", key)
+        obs = out["obs"][key] if dict_obs else out["obs"]
+        rec, dre = (recon[key], dream[key]) if dict_obs else (recon, dream)
+        image = obs.ndim == 5
+        scale = 255.0 if image else 1.0
+        real = obs.astype(np.float32) / scale
+        summaries[f"obs_mse_posterior{suffix}"] = float(np.mean((rec / scale - real) ** 2))
+        summaries[f"obs_mse_open_loop{suffix}"] = float(
+            np.mean((dre[:, burn_in:] / scale - real[:, burn_in:]) ** 2)
         )
+        if image:
+            summaries[f"reconstruction{suffix}"] = _media(_frame_grid(obs, rec).transpose(2, 0, 1))
+            summaries[f"video{suffix}"] = _media(_video(obs, dre)[None].transpose(0, 1, 4, 2, 3))
+        else:
+            max_dims = 4 if dict_obs else 8
+            panels += _vector_panels(obs[0], rec[0], dre[0], burn_in, name, max_dims)
+    summaries["reward_mae_open_loop"] = float(
+        np.mean(np.abs(out["reward_dream"][:, burn_in:] - out["reward_real"][:, burn_in:]))
+    )
+    summaries["continue_mae_open_loop"] = float(
+        np.mean(np.abs(out["continue_dream"][:, burn_in:] - out["continue_real"][:, burn_in:]))
+    )
+    if panels:
+        summaries["observations"] = _media(np.concatenate(panels, axis=0).transpose(2, 0, 1))
     summaries["rewards_and_continues"] = _media(_reward_plot(out, burn_in).transpose(2, 0, 1))
     return summaries
 
@@ -120,7 +136,7 @@ def save_dreams(summaries, directory, prefix="dreams"):
     for key, value in summaries.items():
         if not isinstance(value, np.ndarray):
             continue
-        path = os.path.join(directory, f"{prefix}_{key}")
+        path = os.path.join(directory, f"{prefix}_{key.replace('/', '_')}")
         if value.ndim == 3:  # [C, H, W]
             paths.append(path + ".png")
             cv2.imwrite(paths[-1], _bgr(np.asarray(value).transpose(1, 2, 0)))
@@ -197,17 +213,16 @@ def _text(canvas, text, x, color):
     return x + cv2.getTextSize(text, font, scale, 1)[0][0]
 
 
-def _vector_plot(obs, recon, dream, burn_in, max_dims=8):
+def _vector_panels(obs, recon, dream, burn_in, name="obs", max_dims=8):
     """Panels, one per observation dim: real, posterior reconstruction and dream over time."""
-    panels = [
+    return [
         _panel(
             {"real": obs[:, i], "posterior": recon[:, i], "dream": dream[:, i]},
             burn_in,
-            f"obs[{i}]",
+            f"{name}[{i}]",
         )
         for i in range(min(max_dims, obs.shape[-1]))
     ]
-    return np.concatenate(panels, axis=0)
 
 
 def _reward_plot(out, burn_in):

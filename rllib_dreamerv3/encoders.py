@@ -1,9 +1,11 @@
 """Observation encoders and decoders (the paper's Appendix B): an MLP for vectors, a CNN for
-64×64 images.
+64×64 images, and for Dict observations both (as the author's code: vector entries concatenated
+through the MLP, images stacked along channels through the CNN).
 
-Every encoder maps observations `[..., *obs_shape]` to embeddings `[..., out_units]`; every
-decoder maps features `[..., F]` to its prediction, and its `loss` is `-ln p(x|s)` up to a
-constant, `[...]`. :func:`make_encoder_decoder` picks the pair for an observation shape.
+Every encoder maps observations `[..., *obs_shape]` (a dict of such for Dict observations) to
+embeddings `[..., out_units]`; every decoder maps features `[..., F]` to its prediction, and its
+`loss` is `-ln p(x|s)` up to a constant, `[...]`. :func:`make_encoder_decoder` picks the pair
+for an observation shape.
 """
 
 import math
@@ -135,12 +137,140 @@ class ImageDecoder(tf.Module):
 
     def predict(self, feat):
         """Predicted image as uint8 pixels."""
-        pixels = tf.clip_by_value((self(feat) + 0.5) * 255.0, 0.0, 255.0)
+        return self.pixels(self(feat))
+
+    @staticmethod
+    def pixels(prediction):
+        """The decoder's output (centred pixels) as uint8 pixels."""
+        pixels = tf.clip_by_value((prediction + 0.5) * 255.0, 0.0, 255.0)
         return tf.cast(tf.round(pixels), tf.uint8)
 
 
-def make_encoder_decoder(obs_shape, feat_dim, size, cnn_kernel=4):
-    """`(encoder, decoder)` for observations of `obs_shape`: 1-D vectors or `(H, W, C)` images."""
+class DictEncoder(tf.Module):
+    """Dict observations `{key: [..., *shape]}`: the vector entries (1-D), concatenated in key
+    order, through a :class:`VectorEncoder`; the images (`(H, W, C)`), stacked along channels,
+    through an :class:`ImageEncoder`; the two embeddings concatenated.
+
+    Args:
+        shapes: `{key: shape}` of the entries to encode (others in the observation are ignored).
+    """
+
+    def __init__(self, shapes, size, kernel=4, name=None):
+        super().__init__(name=name)
+        self.vector_keys, self.image_keys = _split_keys(shapes)
+        self.vector = self.image = None
+        if self.vector_keys:
+            dims = sum(shapes[key][0] for key in self.vector_keys)
+            self.vector = VectorEncoder(dims, size, name="vector")
+        if self.image_keys:
+            channels = sum(shapes[key][-1] for key in self.image_keys)
+            image_shape = (*shapes[self.image_keys[0]][:2], channels)
+            self.image = ImageEncoder(image_shape, size, kernel, name="image")
+        self.out_units = sum(part.out_units for part in self.parts)
+
+    @property
+    def parts(self):
+        """The vector and image encoders present, in that order."""
+        return [part for part in (self.vector, self.image) if part is not None]
+
+    def inputs(self, obs):
+        """The parts' inputs: the concatenated vectors (float32), the stacked images."""
+        out = []
+        if self.vector is not None:
+            out.append(tf.concat([tf.cast(obs[k], tf.float32) for k in self.vector_keys], -1))
+        if self.image is not None:
+            out.append(tf.concat([obs[k] for k in self.image_keys], -1))
+        return out
+
+    def __call__(self, obs):
+        return tf.concat([part(x) for part, x in zip(self.parts, self.inputs(obs))], -1)
+
+
+class DictDecoder(tf.Module):
+    """Reconstructs the entries of Dict observations: one :class:`VectorDecoder` for all vector
+    entries and one :class:`ImageDecoder` for all images (their outputs split back per key);
+    the loss is the sum of every entry's loss (symlog squared error, pixel squared error).
+
+    Args:
+        shapes: `{key: shape}` of the entries to reconstruct.
+    """
+
+    def __init__(self, feat_dim, shapes, size, kernel=4, name=None):
+        super().__init__(name=name)
+        self.vector_keys, self.image_keys = _split_keys(shapes)
+        self.shapes = dict(shapes)
+        self.vector = self.image = None
+        if self.vector_keys:
+            dims = sum(shapes[key][0] for key in self.vector_keys)
+            self.vector = VectorDecoder(feat_dim, dims, size, name="vector")
+        if self.image_keys:
+            channels = sum(shapes[key][-1] for key in self.image_keys)
+            image_shape = (*shapes[self.image_keys[0]][:2], channels)
+            self.image = ImageDecoder(feat_dim, image_shape, size, kernel, name="image")
+
+    @property
+    def parts(self):
+        """The vector and image decoders present, in that order."""
+        return [part for part in (self.vector, self.image) if part is not None]
+
+    def split(self, outputs):
+        """The parts' outputs (as :attr:`parts`) split into `{key: prediction}`."""
+        out, outputs = {}, list(outputs)
+        for keys, part in ((self.vector_keys, self.vector), (self.image_keys, self.image)):
+            if part is not None:
+                sizes = [self.shapes[key][-1] for key in keys]
+                out.update(zip(keys, tf.split(outputs.pop(0), sizes, axis=-1)))
+        return out
+
+    def __call__(self, feat):
+        return self.split([part(feat) for part in self.parts])
+
+    def loss(self, feat, obs):
+        """Sum of the entries' losses."""
+        return self.loss_of(self(feat), obs)
+
+    def loss_of(self, prediction, obs):
+        """:meth:`loss` given the decoder's output `prediction`."""
+        return tf.add_n(list(self.losses_of(prediction, obs).values()))
+
+    def losses_of(self, prediction, obs):
+        """`{key: loss [...]}` of every reconstructed entry."""
+        losses = {}
+        for key in self.vector_keys:
+            losses[key] = VectorDecoder.loss_of(prediction[key], obs[key])
+        for key in self.image_keys:
+            losses[key] = ImageDecoder.loss_of(prediction[key], obs[key])
+        return losses
+
+    def predict(self, feat):
+        """`{key: prediction}`: vectors in real space, images as uint8 pixels."""
+        out = self(feat)
+        for key in self.vector_keys:
+            out[key] = math_ops.symexp(out[key])
+        for key in self.image_keys:
+            out[key] = ImageDecoder.pixels(out[key])
+        return out
+
+
+def _split_keys(shapes):
+    """`(vector keys, image keys)` of `{key: shape}`, each in key order."""
+    keys = sorted(shapes)
+    return [k for k in keys if len(shapes[k]) == 1], [k for k in keys if len(shapes[k]) == 3]
+
+
+def make_encoder_decoder(
+    obs_shape, feat_dim, size, cnn_kernel=4, encoder_keys=None, decoder_keys=None
+):
+    """`(encoder, decoder)` for observations of `obs_shape`: 1-D vectors, `(H, W, C)` images, or
+    a dict `{key: shape}` of both (Dict observations), of which the encoder reads the entries
+    `encoder_keys` and the decoder reconstructs `decoder_keys` (None: all)."""
+    if isinstance(obs_shape, dict):
+        encoded = {k: obs_shape[k] for k in encoder_keys or obs_shape}
+        decoded = {k: obs_shape[k] for k in decoder_keys or obs_shape}
+        return (
+            DictEncoder(encoded, size, cnn_kernel, name="encoder"),
+            DictDecoder(feat_dim, decoded, size, cnn_kernel, name="decoder"),
+        )
     if len(obs_shape) == 3:
         return (
             ImageEncoder(obs_shape, size, cnn_kernel, name="encoder"),

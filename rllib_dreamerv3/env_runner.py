@@ -44,12 +44,12 @@ from ray.rllib.utils.metrics import (
 from ray.tune.registry import ENV_CREATOR, _global_registry
 
 from rllib_dreamerv3.atari import is_atari_id, make_atari_env
+from rllib_dreamerv3.dmc import is_dmc_id, make_dmc_env
 from rllib_dreamerv3.replay_buffer import FIELDS
 from rllib_dreamerv3.spaces import (
     action_dim,
     is_discrete,
     is_image,
-    obs_storage_dtype,
     rescale_action,
 )
 from rllib_dreamerv3.tf_rllib import ensure_tf2_behavior, limit_tf_threads
@@ -64,11 +64,13 @@ def make_env(config, worker_index=0, vector_index=0):
     """Create one env from `config.env` the way RLlib does (Tune registry, class, gym id).
 
     An ALE id not registered with Tune goes to `make_atari_env`, with `config.env_config` as its
-    settings: `"ALE/<Game>-v5"` is built as in the paper, other ALE versions are rejected.
+    settings: `"ALE/<Game>-v5"` is built as in the paper, other ALE versions are rejected. A
+    `"DMC/<domain>-<task>"` id goes to `make_dmc_env` alike.
     """
     context = EnvContext(config.env_config, worker_index=worker_index, vector_index=vector_index)
-    if is_atari_id(config.env) and not _global_registry.contains(ENV_CREATOR, config.env):
-        return make_atari_env(config.env, context)
+    special = is_atari_id(config.env) or is_dmc_id(config.env)
+    if special and not _global_registry.contains(ENV_CREATOR, config.env):
+        return (make_atari_env if is_atari_id(config.env) else make_dmc_env)(config.env, context)
     _, creator = Algorithm._get_env_id_and_creator(config.env, config)
     try:
         return creator(context)
@@ -237,21 +239,20 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         return f"env {getattr(env, '__name__', env)!r} (EnvRunner {self.worker_index}, sub-env {i})"
 
     def _checked(self, i, obs, reward, source, allow_skip=True):
-        """`(obs, reward)` as arrays if they fit the observation space and are finite.
+        """`(obs, reward)`, the observation in the model format (see `spaces.ObsFormat`), if they
+        fit the observation space and are finite.
 
-        A wrong shape or dtype raises. A NaN/inf raises, or with `nonfinite_env_data='skip'`
-        (and `allow_skip`) returns None: the caller drops the step.
+        A wrong shape, dtype or Dict key raises. A NaN/inf raises, or with
+        `nonfinite_env_data='skip'` (and `allow_skip`) returns None: the caller drops the step.
         """
-        space = self.module.observation_space
-        obs = np.asarray(obs)
-        if obs.shape != space.shape or not np.can_cast(obs.dtype, self._obs_dtype, "same_kind"):
+        try:
+            obs = self.module.obs_format.convert(obs)
+        except ValueError as err:
             raise ValueError(
-                f"{self._env_name(i)} returned an observation of shape {obs.shape} and dtype "
-                f"{obs.dtype} at {source}, but its observation_space {space} declares shape "
-                f"{space.shape} and dtype {space.dtype}. Make the env return observations of "
-                "its declared space (or wrap it, e.g. with gymnasium.wrappers."
+                f"{self._env_name(i)} returned {err} at {source}. Make the env return "
+                "observations of its declared space (or wrap it, e.g. with gymnasium.wrappers."
                 "FlattenObservation or DtypeObservation)."
-            )
+            ) from None
         try:
             reward = float(reward)
         except (TypeError, ValueError):
@@ -259,21 +260,15 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                 f"{self._env_name(i)} returned the reward {reward!r} at {source}; "
                 "rewards must be scalar numbers."
             ) from None
-        bad = (
-            "reward"
-            if not np.isfinite(reward)
-            else "obs"
-            if obs.dtype.kind == "f" and not np.isfinite(obs).all()
-            else None
-        )
-        if bad is None:
+        nonfinite = None if not np.isfinite(reward) else self.module.obs_format.nonfinite(obs)
+        if np.isfinite(reward) and nonfinite is None:
             return obs, reward
-        detail = (
-            f"reward={reward}"
-            if bad == "reward"
-            else f"obs has {int(np.sum(~np.isfinite(obs)))} NaN/inf entries, the first at "
-            f"index {np.argwhere(~np.isfinite(obs))[0].tolist()}"
-        )
+        if nonfinite is None:
+            bad, detail = "reward", f"reward={reward}"
+        else:
+            key, count, index = nonfinite
+            bad = "obs" if key is None else f"obs[{key!r}]"
+            detail = f"{bad} has {count} NaN/inf entries, the first at index {index}"
         if allow_skip and self.config.nonfinite_env_data == "skip":
             return None
         raise ValueError(
@@ -306,7 +301,6 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self._action_dim = action_dim(space)
         self._returns = np.zeros(self.num_envs)
         self._lengths = np.zeros(self.num_envs, np.int64)
-        self._obs_dtype = obs_storage_dtype(self.module.observation_space)
         self._pending = [self._reset_env(i) for i in range(self.num_envs)]
         self._state = {
             k: np.repeat(v[None], self.num_envs, 0)
@@ -333,7 +327,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         Returns `(env actions, model actions, new policy state)`; changes nothing (so that it can
         run on the worker thread): :meth:`_commit` stores the state once the actions are used.
         """
-        obs = np.stack([self._pending[i]["obs"] for i in envs])
+        obs = self.module.obs_format.stack([self._pending[i]["obs"] for i in envs])
         is_first = (
             np.array([self._pending[i]["is_first"] for i in envs]) | self._restart_policy[envs]
         )
@@ -517,8 +511,8 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
                 return steps_done
 
     def _stack(self, records):
-        out = {key: np.asarray([r[key] for r in records]) for key in FIELDS}
-        out["obs"] = out["obs"].astype(obs_storage_dtype(self.module.observation_space))
+        out = {key: np.asarray([r[key] for r in records]) for key in FIELDS if key != "obs"}
+        out["obs"] = self.module.obs_format.stack([r["obs"] for r in records])
         out["actions"] = out["actions"].astype(np.float32)
         out["rewards"] = out["rewards"].astype(np.float32)
         return out

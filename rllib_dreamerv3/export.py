@@ -35,7 +35,7 @@ from ray.rllib.core import (
     DEFAULT_MODULE_ID,
 )
 
-from rllib_dreamerv3.spaces import env_action, obs_storage_dtype
+from rllib_dreamerv3.spaces import ObsFormat, env_action
 
 METADATA_FILE = "rllib_dreamerv3.json"  # beside saved_model.pb: the env it was trained on
 MODULE_PATH = os.path.join(
@@ -68,8 +68,14 @@ class ServedPolicy(tf.Module):
         space = module.action_space
         if jit_compile is None:
             jit_compile = bool(module.model_config.get("jit_compile", True))
-        obs_space = module.observation_space
-        obs = tf.TensorSpec([None, *obs_space.shape], obs_storage_dtype(obs_space), "obs")
+        obs_format = module.obs_format
+        if obs_format.is_dict:
+            raise ValueError(
+                f"Exporting a policy of Dict observations ({module.observation_space}) is not "
+                "supported: serving signatures take flat tensors. Export works for Box and "
+                "Discrete observations."
+            )
+        obs = tf.TensorSpec([None, *obs_format.shape()], obs_format.dtype(), "obs")
         state = [
             tf.TensorSpec([None, wm.size.gru_units], tf.float32, "h"),
             tf.TensorSpec([None, wm.stoch_dim], tf.float32, "z"),
@@ -197,6 +203,7 @@ def run_saved_model(saved_model_dir, env, episodes, greedy=True, seed=None):
     """Play `episodes` episodes of `env` (a gymnasium env) with an exported policy; returns
     the episode returns and lengths (one env, batch 1)."""
     policy = tf.saved_model.load(os.fspath(saved_model_dir))
+    obs_format = ObsFormat(env.observation_space)  # e.g. Discrete observations as one-hot
     rng = np.random.default_rng(seed)
     returns, lengths = [], []
     state = dict(policy.initial_state(tf.constant(1)))
@@ -204,7 +211,7 @@ def run_saved_model(saved_model_dir, env, episodes, greedy=True, seed=None):
         obs, _ = env.reset(seed=None if seed is None else int(rng.integers(2**31)))
         is_first, done, total, length = True, False, 0.0, 0
         while not done:
-            inputs = {"obs": tf.convert_to_tensor(np.asarray(obs)[None]), **state}
+            inputs = {"obs": tf.convert_to_tensor(obs_format.convert(obs)[None]), **state}
             inputs["is_first"] = tf.constant([is_first])
             if greedy:
                 out = policy.step(**inputs)

@@ -6,7 +6,7 @@ import tensorflow as tf
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dreamerv3.dreams import dream_summaries, make_dream_fn
-from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype
+from rllib_dreamerv3.spaces import action_dim
 from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
 from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
 
@@ -57,11 +57,11 @@ class DreamerV3Learner(TfLearner):
         cfg = self.config
         module = self.module[DEFAULT_MODULE_ID]
         optimizers = {name: opt for name, opt in self.get_optimizers_for_module(DEFAULT_MODULE_ID)}
-        obs_space = module.observation_space
+        obs_format = module.obs_format
         group = self.collective
         self._signature = batch_signature(
-            obs_space.shape,
-            tf.as_dtype(obs_storage_dtype(obs_space)),
+            obs_format.shape(),
+            obs_format.dtype(),
             action_dim(module.action_space),
             cfg.batch_size_B // (1 if group is None else group.group_size),  # this one's rows
             cfg.batch_length_T,
@@ -90,23 +90,30 @@ class DreamerV3Learner(TfLearner):
         """How often the update function has been traced (1 after the first update)."""
         return self._update_fn.experimental_get_tracing_count()
 
-    def _check_batch(self, batch):
-        for key, spec in self._signature.items():
-            if key not in batch:
+    def _check_batch(self, batch, signature=None, where=""):
+        signature = self._signature if signature is None else signature
+        for key, spec in signature.items():
+            if not isinstance(batch, dict) or key not in batch:
                 raise ValueError(
-                    f"DreamerV3 batch lacks {key!r}; it needs {sorted(self._signature)}."
+                    f"DreamerV3 batch{where} lacks {key!r}; it needs {sorted(signature)}."
                 )
-            if tuple(batch[key].shape) != tuple(spec.shape):
+            if isinstance(spec, dict):  # Dict observations
+                self._check_batch(batch[key], spec, f"{where}[{key!r}]")
+            elif tuple(batch[key].shape) != tuple(spec.shape):
                 raise ValueError(
-                    f"DreamerV3 batch[{key!r}] has shape {tuple(batch[key].shape)}, expected "
-                    f"{tuple(spec.shape)} (B={self.config.batch_size_B} rows over "
+                    f"DreamerV3 batch{where}[{key!r}] has shape {tuple(batch[key].shape)}, "
+                    f"expected {tuple(spec.shape)} (B={self.config.batch_size_B} rows over "
                     f"{max(1, self.config.num_learners)} Learner(s), "
                     f"T={self.config.batch_length_T})."
                 )
 
     def _inputs(self, batch):
         self._check_batch(batch)
-        inputs = {key: tf.cast(batch[key], spec.dtype) for key, spec in self._signature.items()}
+        inputs = tf.nest.map_structure(
+            lambda spec, value: tf.cast(value, spec.dtype),
+            self._signature,
+            {key: batch[key] for key in self._signature},
+        )
         return inputs, tf.constant(self._seed_rng.integers(0, 2**31 - 1, 2), tf.int32)
 
     def dreams(self, batch):
@@ -122,9 +129,7 @@ class DreamerV3Learner(TfLearner):
                 jit_compile=cfg.jit_compile,
             )
         out = self._dream_fn(*self._inputs(batch))
-        return dream_summaries(
-            {key: value.numpy() for key, value in out.items()}, cfg.dream_burn_in
-        )
+        return dream_summaries(tf.nest.map_structure(np.asarray, out), cfg.dream_burn_in)
 
     def _update(self, batch, **kwargs):
         inputs, seed = self._inputs(batch[DEFAULT_MODULE_ID])

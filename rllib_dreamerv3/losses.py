@@ -26,13 +26,14 @@ def time_major(x):
 
 
 def sequences(batch):
-    """The batch's `(obs, prev_actions, rewards, is_first, cont)`, time-major; `prev_actions`
-    holds the action before each step (zeros before the first), `cont = 1 - is_terminal`."""
+    """The batch's `(obs, prev_actions, rewards, is_first, cont)`, time-major (`obs`: a dict of
+    such for Dict observations); `prev_actions` holds the action before each step (zeros before
+    the first), `cont = 1 - is_terminal`."""
     actions = time_major(batch["actions"])
     prev_actions = tf.concat([tf.zeros_like(actions[:1]), actions[:-1]], 0)
     cont = 1.0 - time_major(tf.cast(batch["is_terminal"], tf.float32))
     return (
-        time_major(batch["obs"]),
+        tf.nest.map_structure(time_major, batch["obs"]),
         prev_actions,
         time_major(batch["rewards"]),
         time_major(batch["is_first"]),

@@ -13,7 +13,7 @@ class DreamerV3Model(tf.Module):
 
     Args:
         obs_shape: shape of one observation, `(obs_dim,)` or `(64, 64, C)` images (an int is
-            read as `(obs_dim,)`).
+            read as `(obs_dim,)`), or `{key: shape}` for Dict observations.
         action_dim: number of discrete actions, or continuous action dimensions.
         discrete: whether actions are discrete (one-hot) or continuous in `[-1, 1]`.
         size: a :class:`~rllib_dreamerv3.model_sizes.ModelSize`.
@@ -21,6 +21,8 @@ class DreamerV3Model(tf.Module):
         num_bins: bins of the two-hot reward and value heads.
         actor_min_std, actor_max_std: bounds of the continuous actor's std.
         cnn_kernel: kernel size of the image encoder and decoder.
+        encoder_keys, decoder_keys: Dict observations: the keys the encoder reads and the
+            decoder reconstructs (None: all).
     """
 
     def __init__(
@@ -34,12 +36,26 @@ class DreamerV3Model(tf.Module):
         actor_min_std=0.1,
         actor_max_std=1.0,
         cnn_kernel=4,
+        encoder_keys=None,
+        decoder_keys=None,
         name="dreamer",
     ):
         super().__init__(name=name)
-        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+        if isinstance(obs_shape, dict):
+            obs_shape = {key: tuple(shape) for key, shape in obs_shape.items()}
+        else:
+            obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
         self.obs_shape = obs_shape
-        self.world_model = WorldModel(obs_shape, action_dim, size, unimix, num_bins, cnn_kernel)
+        self.world_model = WorldModel(
+            obs_shape,
+            action_dim,
+            size,
+            unimix,
+            num_bins,
+            cnn_kernel,
+            encoder_keys,
+            decoder_keys,
+        )
         feat_dim = self.world_model.feat_dim
         self.actor = Actor(
             feat_dim, action_dim, discrete, size, unimix, actor_min_std, actor_max_std
@@ -63,7 +79,8 @@ class DreamerV3Model(tf.Module):
 
         Args:
             carry: `(h [N, D], z [N, K*C], previous action [N, A])`.
-            obs: `[N, *obs_shape]`; is_first: `[N]` bool, resets the carry of those envs.
+            obs: `[N, *obs_shape]` (a dict of such for Dict observations).
+            is_first: `[N]` bool, resets the carry of those envs.
             seed: `[2]` int32 stateless seed. explore: sample (True) or act greedily (False).
 
         Returns:

@@ -8,8 +8,9 @@ stream, so a sequence is gathered with T vectorised hops and one fancy-index per
 
 A step record is `(obs, action, reward, is_first, is_terminal)`: the observation, the action
 taken after seeing it (zeros on an episode's last step), the reward received on arriving at
-it, and the flags. FIFO eviction only ever removes the oldest step of a stream, so every
-stream's stored steps stay a contiguous suffix.
+it, and the flags. Dict observations are a dict `{key: array}`; each entry is stored in its own
+array (field `obs/<key>`), in its own dtype (images stay uint8). FIFO eviction only ever removes
+the oldest step of a stream, so every stream's stored steps stay a contiguous suffix.
 """
 
 import numpy as np
@@ -17,9 +18,18 @@ import numpy as np
 FIELDS = ("obs", "actions", "rewards", "is_first", "is_terminal")
 
 
+def obs_fields(obs_shape, obs_dtype):
+    """`{field: (shape, dtype)}` of the stored observation arrays: `obs`, or for Dict
+    observations (`obs_shape`, `obs_dtype` dicts `{key: ...}`) one `obs/<key>` per entry."""
+    if isinstance(obs_shape, dict):
+        return {f"obs/{k}": (tuple(obs_shape[k]), np.dtype(obs_dtype[k])) for k in obs_shape}
+    return {"obs": (tuple(obs_shape), np.dtype(obs_dtype))}
+
+
 def bytes_per_step(obs_shape, obs_dtype, action_dim):
     """Bytes one stored step takes: observation, action, reward, flags and bookkeeping."""
-    obs = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    fields = obs_fields(obs_shape, obs_dtype).values()
+    obs = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in fields)
     return obs + 4 * action_dim + 4 + 2 + 3 * 8  # + reward, 2 flags, 3 int64 index arrays
 
 
@@ -29,7 +39,8 @@ class ReplayBuffer:
     Args:
         capacity: maximum number of stored env steps.
         batch_length: T, the length of sampled sequences.
-        obs_shape, obs_dtype: one observation (images stay uint8).
+        obs_shape, obs_dtype: one observation (images stay uint8); dicts `{key: ...}` for Dict
+            observations.
         action_dim: width of the stored action vectors (one-hot for discrete actions).
         seed: seed of the sampling RNG.
     """
@@ -42,8 +53,12 @@ class ReplayBuffer:
             )
         self.capacity = int(capacity)
         self.batch_length = int(batch_length)
+        self._dict_obs = isinstance(obs_shape, dict)
         self._data = {
-            "obs": np.zeros((self.capacity, *obs_shape), obs_dtype),
+            **{
+                field: np.zeros((self.capacity, *shape), dtype)
+                for field, (shape, dtype) in obs_fields(obs_shape, obs_dtype).items()
+            },
             "actions": np.zeros((self.capacity, action_dim), np.float32),
             "rewards": np.zeros(self.capacity, np.float32),
             "is_first": np.zeros(self.capacity, bool),
@@ -81,13 +96,28 @@ class ReplayBuffer:
         """Bytes the buffer holds when full."""
         return self.capacity * self.bytes_per_step
 
+    def _fields(self, steps):
+        """`steps` keyed by the stored fields (a Dict observation's entries as `obs/<key>`)."""
+        fields = {key: value for key, value in steps.items() if key != "obs"}
+        if self._dict_obs:
+            obs = steps["obs"]
+            if not isinstance(obs, dict):
+                raise ValueError(f"steps['obs'] is a {type(obs).__name__}, expected a dict.")
+            fields.update({f"obs/{key}": value for key, value in obs.items()})
+        else:
+            fields["obs"] = steps["obs"]
+        return fields
+
     def add(self, stream_key, steps):
         """Append `steps` (dict of arrays `[N, ...]` with the keys of `FIELDS`) to a stream.
 
         `stream_key` is any hashable naming the env the steps come from, e.g. `(runner, env)`.
         """
         n = len(steps["rewards"])
-        for key in FIELDS:
+        steps = self._fields(steps)
+        for key in self._data:
+            if key not in steps:
+                raise ValueError(f"steps lack {key!r}; they need {sorted(self._data)}.")
             if len(steps[key]) != n:
                 raise ValueError(f"steps[{key!r}] has {len(steps[key])} entries, expected {n}.")
         if stream_key not in self._stream_ids:
@@ -103,7 +133,7 @@ class ReplayBuffer:
         evicted = self._stream[slots]
         stored = evicted >= 0
         np.maximum.at(self._first, evicted[stored], self._index[slots][stored] + 1)
-        for key in FIELDS:
+        for key in self._data:
             self._data[key][slots] = steps[key][n - keep :]
         self._stream[slots] = sid
         self._index[slots] = index
@@ -147,7 +177,12 @@ class ReplayBuffer:
         slots[:, 0] = starts[:batch_size]
         for t in range(1, self.batch_length):
             slots[:, t] = self._next_slot[slots[:, t - 1]]
-        return {key: value[slots] for key, value in self._data.items()}
+        out = {key: value[slots] for key, value in self._data.items()}
+        if self._dict_obs:
+            out["obs"] = {
+                key[len("obs/") :]: out.pop(key) for key in self._data if key.startswith("obs/")
+            }
+        return out
 
     def get_state(self):
         """Everything needed to restore the buffer, as numpy arrays and plain Python values.
@@ -176,10 +211,17 @@ class ReplayBuffer:
     @property
     def spec(self):
         """`{capacity, obs_shape, obs_dtype, action_dim}`: what a restored state must match."""
+        if self._dict_obs:
+            obs = {key[len("obs/") :]: v for key, v in self._data.items() if key.startswith("obs/")}
+            obs_shape = {key: list(value.shape[1:]) for key, value in obs.items()}
+            obs_dtype = {key: value.dtype.name for key, value in obs.items()}
+        else:
+            obs_shape = list(self._data["obs"].shape[1:])
+            obs_dtype = self._data["obs"].dtype.name
         return {
             "capacity": self.capacity,
-            "obs_shape": list(self._data["obs"].shape[1:]),
-            "obs_dtype": self._data["obs"].dtype.name,
+            "obs_shape": obs_shape,
+            "obs_dtype": obs_dtype,
             "action_dim": int(self._data["actions"].shape[1]),
         }
 
@@ -199,8 +241,13 @@ class ReplayBuffer:
                     f"Replay state's {key!r} has {len(state[key])} entries for {size} stored "
                     f"steps and capacity {self.capacity}: the state is damaged."
                 )
-        for key in FIELDS:
-            stored, own = np.asarray(state["data"][key]), self._data[key]
+        if set(state["data"]) != set(self._data):
+            raise ValueError(
+                f"Replay state holds {sorted(state['data'])}, this buffer {sorted(self._data)}: "
+                "the state comes from another observation space."
+            )
+        for key, own in self._data.items():
+            stored = np.asarray(state["data"][key])
             if stored.shape[1:] != own.shape[1:] or stored.dtype != own.dtype:
                 raise ValueError(
                     f"Replay state's {key!r} are {stored.dtype}{list(stored.shape[1:])}, this "
@@ -212,7 +259,7 @@ class ReplayBuffer:
         """Restore from :meth:`get_state` (capacities must match)."""
         self.check_state(state)
         size = state["size"]
-        for key in FIELDS:
+        for key in self._data:
             self._data[key][:size] = state["data"][key][:size]
         self._stream[:] = -1
         self._index[:] = 0

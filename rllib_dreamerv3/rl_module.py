@@ -7,7 +7,7 @@ from ray.rllib.core.columns import Columns
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import get_model_size
 from rllib_dreamerv3.networks import set_matmul_dtype
-from rllib_dreamerv3.spaces import action_dim, check_spaces, env_action, is_discrete
+from rllib_dreamerv3.spaces import ObsFormat, action_dim, check_spaces, env_action, is_discrete
 from rllib_dreamerv3.tf_rllib import TfRLModule
 
 IS_FIRST = "is_first"
@@ -17,7 +17,8 @@ class DreamerV3RLModule(TfRLModule):
     """DreamerV3's networks (:class:`~rllib_dreamerv3.model.DreamerV3Model`) for RLlib.
 
     Inference is stateful. `forward_inference` (greedy) and `forward_exploration` (sampled)
-    take a batch of N envs: `obs [N, ...]`, `is_first [N]` and `state_in` (`h`, `z`, `action`:
+    take a batch of N envs: `obs [N, ...]` (in the model format of :attr:`obs_format`: a dict
+    for Dict observations), `is_first [N]` and `state_in` (`h`, `z`, `action`:
     the recurrent state and previous action of each env; see :meth:`get_initial_state`); envs
     with `is_first` start from the initial state. They return `actions` (env actions: ints for
     Discrete, bounded floats for Box), `actions_model` (one-hot / [-1, 1]) and `state_out`.
@@ -38,8 +39,13 @@ class DreamerV3RLModule(TfRLModule):
     def setup(self):
         check_spaces(self.observation_space, self.action_space)
         cfg = self.model_config
+        # How observations are checked, converted and stored: see `spaces.ObsFormat`.
+        self.obs_format = ObsFormat(
+            self.observation_space, cfg.get("encoder_keys", ".*"), cfg.get("decoder_keys", ".*")
+        )
+        dict_obs = self.obs_format.is_dict
         self.model = DreamerV3Model(
-            obs_shape=self.observation_space.shape,
+            obs_shape=self.obs_format.shape(),
             action_dim=action_dim(self.action_space),
             discrete=is_discrete(self.action_space),
             size=get_model_size(
@@ -52,6 +58,8 @@ class DreamerV3RLModule(TfRLModule):
             actor_min_std=cfg.get("actor_min_std", 0.1),
             actor_max_std=cfg.get("actor_max_std", 1.0),
             cnn_kernel=cfg.get("cnn_kernel", 4),
+            encoder_keys=self.obs_format.encoder_keys if dict_obs else None,
+            decoder_keys=self.obs_format.decoder_keys if dict_obs else None,
         )
         if cfg.get("precision", "float32") != "float32":
             set_matmul_dtype(self.model, cfg["precision"])
@@ -104,7 +112,7 @@ class DreamerV3RLModule(TfRLModule):
     def _act(self, batch, explore):
         state = batch[Columns.STATE_IN]
         args = (
-            tf.convert_to_tensor(batch[Columns.OBS]),
+            tf.nest.map_structure(tf.convert_to_tensor, batch[Columns.OBS]),
             tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
             tf.convert_to_tensor(state["h"]),
             tf.convert_to_tensor(state["z"]),
@@ -113,7 +121,7 @@ class DreamerV3RLModule(TfRLModule):
         )
         # A concrete function per (mode, shapes and dtypes): calling it skips tf.function's
         # per-call argument matching, which costs about as much as a small policy step.
-        key = (explore,) + tuple((tuple(a.shape), a.dtype) for a in args)
+        key = (explore,) + tuple((tuple(a.shape), a.dtype) for a in tf.nest.flatten(args))
         fn = self._concrete_fns.get(key)
         if fn is None:
             fn = self.policy_fn(explore).get_concrete_function(*args)

@@ -1,4 +1,7 @@
-"""Which observation and action spaces DreamerV3 supports, with errors that say what to do."""
+"""Which observation and action spaces DreamerV3 supports, with errors that say what to do, and
+:class:`ObsFormat`: how the model sees, stores and is fed an env's observations."""
+
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -7,8 +10,9 @@ import tensorflow as tf
 IMAGE_SIZE = 64  # the CNN encoder takes 64×64 images, as in the DreamerV3 paper
 
 SUPPORTED = (
-    "observations: a 1-D Box (vectors) or a Box(0, 255, (64, 64, C), uint8) image with C in "
-    "{1, 3}; actions: Discrete(n) or a 1-D Box with finite bounds"
+    "observations: a 1-D Box (vectors), a Box(0, 255, (64, 64, C), uint8) image with C in "
+    "{1, 3}, Discrete(n) (one-hot), or a Dict of these (and of scalar Boxes); actions: "
+    "Discrete(n) or a 1-D Box with finite bounds"
 )
 
 
@@ -16,20 +20,16 @@ def check_spaces(observation_space, action_space):
     """Raise a `ValueError` naming the space and listing what is supported, if unsupported."""
     obs = observation_space
     if isinstance(obs, gym.spaces.Dict):
-        raise ValueError(
-            f"Unsupported observation space {obs!r}. DreamerV3 supports {SUPPORTED}. Dict "
-            "observations (e.g. an image plus a vector) are not supported: keep the image, or "
-            "flatten the vector parts into one 1-D Box with gymnasium.wrappers.FlattenObservation."
-        )
-    if not isinstance(obs, gym.spaces.Box):
+        _dict_leaves(obs)
+    elif not isinstance(obs, (gym.spaces.Box, gym.spaces.Discrete)):
         raise ValueError(
             f"Unsupported observation space {obs!r}. DreamerV3 supports {SUPPORTED}. "
             "Flatten Tuple/MultiBinary observations into a 1-D Box, e.g. with "
             "gymnasium.wrappers.FlattenObservation."
         )
-    if len(obs.shape) == 3:
+    elif isinstance(obs, gym.spaces.Box) and len(obs.shape) == 3:
         _check_image_space(obs)
-    elif len(obs.shape) != 1:
+    elif isinstance(obs, gym.spaces.Box) and len(obs.shape) != 1:
         raise ValueError(
             f"Unsupported observation shape {obs.shape} of {obs!r}. DreamerV3 supports "
             f"{SUPPORTED}. Flatten other arrays into a 1-D Box with "
@@ -52,7 +52,16 @@ def check_spaces(observation_space, action_space):
     )
 
 
-def _check_image_space(obs):
+def _check_image_space(obs, key=None):
+    try:
+        _check_image_shape(obs)
+    except ValueError as err:
+        if key is None:
+            raise
+        raise ValueError(f"Dict observation {key!r}: {err}") from None
+
+
+def _check_image_shape(obs):
     height, width, channels = obs.shape
     if channels not in (1, 3) and height in (1, 3):
         raise ValueError(
@@ -79,8 +88,195 @@ def _check_image_space(obs):
 
 
 def is_image(observation_space):
-    """Whether observations are images (3-D), encoded by the CNN."""
-    return len(observation_space.shape) == 3
+    """Whether observations are images, encoded by the CNN (for a Dict: whether any leaf is)."""
+    if isinstance(observation_space, gym.spaces.Dict):
+        return any(len(space.shape) == 3 for space in _dict_leaves(observation_space).values())
+    return len(observation_space.shape or ()) == 3
+
+
+def _dict_leaves(space, prefix=""):
+    """`{key: leaf space}` of a Dict space, nested keys joined with "/", sorted by key; raises a
+    `ValueError` naming the first unsupported leaf."""
+    leaves = {}
+    for name, leaf in space.spaces.items():
+        key = f"{prefix}{name}"
+        if isinstance(leaf, gym.spaces.Dict):
+            leaves.update(_dict_leaves(leaf, key + "/"))
+        elif isinstance(leaf, gym.spaces.Discrete):
+            leaves[key] = leaf
+        elif isinstance(leaf, gym.spaces.Box) and len(leaf.shape) == 3:
+            _check_image_space(leaf, key)
+            leaves[key] = leaf
+        elif isinstance(leaf, gym.spaces.Box) and len(leaf.shape) <= 1:
+            if not np.issubdtype(leaf.dtype, np.number) and leaf.dtype != np.bool_:
+                raise ValueError(f"Dict observation {key!r} has dtype {leaf.dtype}: {SUPPORTED}.")
+            leaves[key] = leaf
+        else:
+            raise ValueError(
+                f"Unsupported Dict observation {key!r}: {leaf!r}. DreamerV3 supports {SUPPORTED}. "
+                f"Drop or flatten that entry, e.g. with gymnasium.wrappers.FilterObservation or "
+                "TransformObservation."
+            )
+    if not prefix and not leaves:
+        raise ValueError(f"The Dict observation space {space!r} has no entries: {SUPPORTED}.")
+    return dict(sorted(leaves.items()))
+
+
+class ObsFormat:
+    """How the model sees the observations of `observation_space` (checked with
+    :func:`check_spaces`).
+
+    The *model format* of one observation: a Box observation as an array (images uint8, vectors
+    float32 unless uint8); `Discrete(n)` as a one-hot float32 vector `[n]`; a Dict as a flat
+    dict `{key: leaf}` (nested keys joined with "/", sorted) whose leaves are uint8 images or
+    float32 vectors (scalars become `[1]`, Discrete leaves one-hot). The replay buffer stores,
+    and the model takes, observations in this format.
+
+    Args:
+        observation_space: the env's observation space.
+        encoder_keys, decoder_keys: for Dict observations, which leaves the encoder reads and
+            the decoder reconstructs: a regular expression that must match a whole key
+            (default ".*": all), or a list of keys. Vector leaves go through the MLP, images
+            through the CNN, whichever keys are chosen (the author's `mlp_keys`/`cnn_keys`).
+    """
+
+    def __init__(self, observation_space, encoder_keys=".*", decoder_keys=".*"):
+        self.space = observation_space
+        self.is_dict = isinstance(observation_space, gym.spaces.Dict)
+        if self.is_dict:
+            self._leaves = _dict_leaves(observation_space)
+        else:
+            self._leaves = {None: observation_space}
+        leaves = self._leaves.items()
+        self.shapes = {key: _model_shape(space) for key, space in leaves}
+        self.dtypes = {key: _model_dtype(space, self.is_dict) for key, space in leaves}
+        self.encoder_keys = self._select(encoder_keys, "encoder_keys")
+        self.decoder_keys = self._select(decoder_keys, "decoder_keys")
+
+    def _select(self, keys, name):
+        if not self.is_dict:
+            return [None]
+        available = list(self._leaves)
+        if isinstance(keys, str):
+            try:
+                chosen = [key for key in available if re.fullmatch(keys, key)]
+            except re.error as err:
+                raise ValueError(f"{name}={keys!r} is not a regular expression: {err}.") from None
+        else:
+            unknown = [key for key in keys if key not in self._leaves]
+            if unknown:
+                raise ValueError(
+                    f"{name}={list(keys)!r} names {unknown}, which the observation space does "
+                    f"not have; its keys are {available}."
+                )
+            chosen = [key for key in available if key in keys]
+        if not chosen:
+            raise ValueError(
+                f"{name}={keys!r} selects none of the observation keys {available}; the "
+                f"{name.split('_')[0]} needs at least one (default '.*': all)."
+            )
+        return chosen
+
+    def structure(self, per_key):
+        """`per_key` (`{key: value}`) in the model format's structure: the dict for Dict
+        observations, the one value otherwise."""
+        return dict(per_key) if self.is_dict else per_key[None]
+
+    def map(self, fn, obs):
+        """`fn(leaf)` for every leaf of model-format `obs` (a dict or an array)."""
+        return {key: fn(value) for key, value in obs.items()} if self.is_dict else fn(obs)
+
+    def items(self, obs):
+        """`[(key, leaf)]` of model-format `obs` (key None for non-Dict observations)."""
+        return list(obs.items()) if self.is_dict else [(None, obs)]
+
+    def shape(self, keys=None):
+        """Leaf shapes in the model format's structure (only `keys`, if given)."""
+        keys = list(self.shapes) if keys is None else keys
+        return self.structure({key: self.shapes[key] for key in keys})
+
+    def dtype(self):
+        """Leaf numpy dtypes in the model format's structure."""
+        return self.structure(self.dtypes)
+
+    def convert(self, obs):
+        """One env observation in the model format, or a `ValueError` naming what does not fit
+        the observation space (shape, dtype, or a missing key)."""
+        if not self.is_dict:
+            return self._leaf(None, self.space, obs)
+        flat = _flatten(obs)
+        missing = [key for key in self._leaves if key not in flat]
+        if missing:
+            raise ValueError(
+                f"an observation without the keys {missing} of its Dict observation_space "
+                f"(it has {sorted(flat)})"
+            )
+        return {key: self._leaf(key, space, flat[key]) for key, space in self._leaves.items()}
+
+    def _leaf(self, key, space, value):
+        value = np.asarray(value)
+        subject = "an observation" if key is None else f"an observation whose entry {key!r} is"
+        if isinstance(space, gym.spaces.Discrete):
+            if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+                raise ValueError(
+                    f"{subject} {value.tolist()!r}, which is not an integer of {space}"
+                )
+            index = int(value) - int(space.start)
+            if not 0 <= index < space.n:
+                raise ValueError(f"{subject} {int(value)}, outside {space}")
+            return np.eye(space.n, dtype=np.float32)[index]
+        dtype = self.dtypes[key]
+        if value.shape != space.shape or not np.can_cast(value.dtype, dtype, "same_kind"):
+            raise ValueError(
+                f"{subject} of shape {value.shape} and dtype {value.dtype}, but its "
+                f"observation_space {space} declares shape {space.shape} and dtype {space.dtype}"
+            )
+        return value.reshape(self.shapes[key]).astype(dtype, copy=False)
+
+    def stack(self, observations):
+        """Model-format observations stacked along a new first axis."""
+        if self.is_dict:
+            return {key: np.stack([obs[key] for obs in observations]) for key in self._leaves}
+        return np.stack(observations)
+
+    def nonfinite(self, obs):
+        """`(key, count, first index)` of the first leaf of model-format `obs` holding NaN/inf
+        entries, or None."""
+        for key, value in self.items(obs):
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                bad = ~np.isfinite(value)
+                return key, int(np.sum(bad)), np.argwhere(bad)[0].tolist()
+        return None
+
+    def bytes_per_step(self):
+        """Bytes one model-format observation takes."""
+        return sum(
+            int(np.prod(shape)) * self.dtypes[key].itemsize for key, shape in self.shapes.items()
+        )
+
+
+def _flatten(obs, prefix=""):
+    flat = {}
+    for name, value in obs.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{name}/"))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def _model_shape(space):
+    if isinstance(space, gym.spaces.Discrete):
+        return (int(space.n),)
+    return tuple(space.shape) if space.shape else (1,)
+
+
+def _model_dtype(space, in_dict):
+    if isinstance(space, gym.spaces.Discrete):
+        return np.dtype(np.float32)
+    if len(space.shape) == 3 or (not in_dict and space.dtype == np.uint8):
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32)
 
 
 def action_dim(action_space):

@@ -42,10 +42,18 @@ def _by_sequence(x, num):
 
 
 def batch_signature(obs_shape, obs_dtype, action_dim, batch_size, batch_length):
-    """`tf.TensorSpec`s of a training batch `[B, T, ...]` (see :func:`losses.world_model_loss`)."""
+    """`tf.TensorSpec`s of a training batch `[B, T, ...]` (see :func:`losses.world_model_loss`).
+
+    For Dict observations `obs_shape` and `obs_dtype` are dicts `{key: ...}` alike, and so is
+    the batch's `obs`.
+    """
     bt = [batch_size, batch_length]
+    if isinstance(obs_shape, dict):
+        obs = {k: tf.TensorSpec(bt + list(obs_shape[k]), obs_dtype[k]) for k in obs_shape}
+    else:
+        obs = tf.TensorSpec(bt + list(obs_shape), obs_dtype)
     return {
-        "obs": tf.TensorSpec(bt + list(obs_shape), obs_dtype),
+        "obs": obs,
         "actions": tf.TensorSpec(bt + [action_dim], tf.float32),
         "rewards": tf.TensorSpec(bt, tf.float32),
         "is_first": tf.TensorSpec(bt, tf.bool),

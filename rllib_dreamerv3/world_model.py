@@ -16,16 +16,28 @@ class WorldModel(tf.Module):
     """Encoder, RSSM and the decoder, reward and continue heads.
 
     Args:
-        obs_shape: shape of one observation: `(obs_dim,)` for vectors, `(64, 64, C)` for images.
+        obs_shape: shape of one observation: `(obs_dim,)` for vectors, `(64, 64, C)` for images,
+            `{key: shape}` for Dict observations (see :class:`~rllib_dreamerv3.spaces.ObsFormat`).
         action_dim: number of discrete actions (actions are one-hot) or continuous action dims.
         size: a :class:`~rllib_dreamerv3.model_sizes.ModelSize`.
         unimix: uniform mixture weight of the latent categoricals.
         num_bins: bins of the two-hot reward head.
         cnn_kernel: kernel size of the image encoder's and decoder's convolutions.
+        encoder_keys, decoder_keys: Dict observations: the keys the encoder reads and the
+            decoder reconstructs (None: all).
     """
 
     def __init__(
-        self, obs_shape, action_dim, size, unimix=0.01, num_bins=255, cnn_kernel=4, name=None
+        self,
+        obs_shape,
+        action_dim,
+        size,
+        unimix=0.01,
+        num_bins=255,
+        cnn_kernel=4,
+        encoder_keys=None,
+        decoder_keys=None,
+        name=None,
     ):
         super().__init__(name=name)
         self.size = size
@@ -34,7 +46,7 @@ class WorldModel(tf.Module):
         self.stoch_dim = size.num_categoricals * size.num_classes
         self.feat_dim = size.gru_units + self.stoch_dim
         self.encoder, self.decoder = make_encoder_decoder(
-            obs_shape, self.feat_dim, size, cnn_kernel
+            obs_shape, self.feat_dim, size, cnn_kernel, encoder_keys, decoder_keys
         )
         self.gru_input = DenseBlock(self.stoch_dim + action_dim, size.dense_units)
         self.gru = GRUCell(size.dense_units, size.gru_units)

@@ -11,7 +11,12 @@ import pytest  # noqa: E402
 # traceback. When a run also selects `test_isolated_modules.py`, each of these modules runs in its
 # own interpreter there instead; otherwise (`pytest tests/test_model.py`, `-k`, `-m slow`) they run
 # here as usual.
-ISOLATED_MODULES = ("test_algorithm.py", "test_kernels.py", "test_model.py")
+ISOLATED_MODULES = (
+    "test_algorithm.py",
+    "test_kernels.py",
+    "test_model.py",
+    "test_dict_training.py",
+)
 ISOLATED_CHILD_ENV = "RLLIB_DREAMERV3_ISOLATED_CHILD"
 
 

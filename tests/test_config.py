@@ -124,9 +124,9 @@ def _env_with(obs_space, act_space):
     "obs_space,act_space,message",
     [
         (
-            gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}),
+            gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,))]),
             gym.spaces.Discrete(2),
-            "Unsupported observation space Dict",
+            "Unsupported observation space Tuple",
         ),
         (
             gym.spaces.Tuple([gym.spaces.Box(0, 1, (2,))]),
@@ -168,13 +168,25 @@ def _env_with(obs_space, act_space):
         ),
         (
             gym.spaces.Dict(
-                {
-                    "image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
-                    "vector": gym.spaces.Box(0, 1, (3,)),
-                }
+                {"pos": gym.spaces.Box(0, 1, (3,)), "grid": gym.spaces.Box(0, 1, (4, 4))}
             ),
             gym.spaces.Discrete(2),
-            "Dict observations .* are not supported",
+            r"Unsupported Dict observation 'grid': Box\(0.0, 1.0, \(4, 4\)",
+        ),
+        (
+            gym.spaces.Dict({"a": gym.spaces.Dict({"note": gym.spaces.Text(5)})}),
+            gym.spaces.Discrete(2),
+            "Unsupported Dict observation 'a/note': Text",
+        ),
+        (
+            gym.spaces.Dict({"cam": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)}),
+            gym.spaces.Discrete(2),
+            r"Dict observation 'cam': Unsupported image shape \(84, 84, 3\)",
+        ),
+        (
+            gym.spaces.Dict({"pair": gym.spaces.Tuple([gym.spaces.Discrete(2)] * 2)}),
+            gym.spaces.Discrete(2),
+            "Unsupported Dict observation 'pair': Tuple",
         ),
     ],
 )

@@ -117,10 +117,16 @@ def build(obs_shape=(3,), action_dim=2, discrete=True, size="nano", seed=0, **kw
 def make_batch(obs_shape=(3,), action_dim=2, discrete=True, batch=4, length=8, seed=0):
     """A `[B, T, ...]` training batch with resets and a terminal mid-sequence."""
     rng = np.random.default_rng(seed)
-    if len(obs_shape) == 3:
-        obs = rng.integers(0, 256, (batch, length, *obs_shape), dtype=np.uint8)
+
+    def observations(shape):
+        if len(shape) == 3:
+            return tf.constant(rng.integers(0, 256, (batch, length, *shape), dtype=np.uint8))
+        return tf.constant(rng.normal(size=(batch, length, *shape)).astype(np.float32))
+
+    if isinstance(obs_shape, dict):  # Dict observations
+        obs = {key: observations(shape) for key, shape in obs_shape.items()}
     else:
-        obs = rng.normal(size=(batch, length, *obs_shape)).astype(np.float32)
+        obs = observations(obs_shape)
     if discrete:
         actions = np.eye(action_dim, dtype=np.float32)[rng.integers(0, action_dim, (batch, length))]
     else:
@@ -131,7 +137,7 @@ def make_batch(obs_shape=(3,), action_dim=2, discrete=True, batch=4, length=8, s
     is_terminal = np.zeros((batch, length), bool)
     is_terminal[-1, length // 2] = True
     return {
-        "obs": tf.constant(obs),
+        "obs": obs,
         "actions": tf.constant(actions),
         "rewards": tf.constant(rng.normal(size=(batch, length)).astype(np.float32) * 3.0),
         "is_first": tf.constant(is_first),
@@ -253,18 +259,22 @@ def test_matmul_conv_output_is_computed_once_under_xla(transpose):
     assert hlo.count(" conditional(") == 1
 
 
-@pytest.mark.parametrize("image", [False, True])
+DICT_OBS = {"cam": (64, 64, 3), "pos": (5,), "height": (1,)}
+
+
+@pytest.mark.parametrize("image", [False, True, "dict"])
 def test_encoder_and_decoder_equal_the_plain_modules(image, monkeypatch):
     """`encoder`, `decoder` and `decoder_loss` (conv blocks as matmuls with the norm on a matrix
-    view) equal the plain modules' calls: values and gradients."""
+    view) equal the plain modules' calls: values and gradients; for Dict observations too."""
     monkeypatch.setattr(layers, "MATMUL_CONV_MIN_BATCH", 1)  # the matmul path for 6 frames
-    obs_shape = (64, 64, 3) if image else (5,)
+    obs_shape = DICT_OBS if image == "dict" else (64, 64, 3) if image else (5,)
     model = build(obs_shape, size="nano")
     wm = model.world_model
     obs = make_batch(obs_shape, batch=2, length=3)["obs"]
     feat = normal([2, 3, wm.feat_dim], seed=3)
     if image:
-        assert layers._matmul_conv_applies(tf.zeros([6, 64, 64, 3]), wm.encoder.blocks[0].conv.w, 2)
+        cnn = wm.encoder.image if image == "dict" else wm.encoder
+        assert layers._matmul_conv_applies(tf.zeros([6, 64, 64, 3]), cnn.blocks[0].conv.w, 2)
     variables = wm.encoder.trainable_variables + wm.decoder.trainable_variables
 
     def run(encode, decode, loss_of):
@@ -281,14 +291,22 @@ def test_encoder_and_decoder_equal_the_plain_modules(image, monkeypatch):
     )
     ref = run(wm.encoder, wm.decoder, lambda f: wm.decoder.loss(f, obs))
     assert ours[0].shape == (2, 3, wm.encoder.out_units)
-    assert ours[1].shape == (2, 3, *obs_shape)
+    if image == "dict":
+        assert {k: tuple(v.shape) for k, v in ours[1].items()} == {
+            k: (2, 3, *shape) for k, shape in DICT_OBS.items()
+        }
+        for key in DICT_OBS:  # each entry's prediction as the plain decoder's
+            _assert_close_in_scale(ours[1][key], ref[1][key], 1e-4, 1e-5)
+        ours, ref = [ours[0], *ours[2:]], [ref[0], *ref[2:]]
+    else:
+        assert ours[1].shape == (2, 3, *obs_shape)
     # Layers of sums of ≤ 4·4·48 = 768 products (|x·w| ≲ 1) in another order, normalised:
     # ~sqrt(768)·eps ≈ 2e-6 of a layer's scale, over ≤ 5 layers; the losses sum 12288 pixels'
     # squared errors in the same order, so their relative error is the predictions'.
-    for a, b in zip(ours[:3], ref[:3]):
+    for a, b in zip(ours[:-1], ref[:-1]):
         _assert_close_in_scale(a, b, 1e-4, 1e-5)
     # Gradients: the kernels' sums over 6 frames' positions (≤ 6·32·32 terms): SCALE_RTOL.
-    _assert_same_gradients(ours[3], ref[3], [feat, *variables], 1e-3, SCALE_RTOL)
+    _assert_same_gradients(ours[-1], ref[-1], [feat, *variables], 1e-3, SCALE_RTOL)
     with pytest.raises(TypeError, match="no fast path"):
         layers.encoder(wm.decoder, obs)
 
@@ -1303,6 +1321,7 @@ UPDATE_CASES = {  # obs_shape, discrete, size, jit_compile of the fast update
     "vector-discrete-XS": ((5,), True, "XS", False),
     "image-discrete-nano": ((64, 64, 3), True, "nano", False),
     "vector-discrete-nano-xla": ((5,), True, "nano", True),  # XLA vs the eager reference
+    "dict-continuous-nano": ({"pos": (5,), "cam": (64, 64, 1)}, False, "nano", False),
 }
 
 
@@ -1316,7 +1335,8 @@ def test_one_update_equals_the_reference_update(case, monkeypatch):
     monkeypatch.setattr(layers, "MATMUL_CONV_MIN_BATCH", 1)  # the matmul convs for 2 · 8 frames
     batch_size, length = 2, 8
     batch = make_batch(obs_shape, 3, discrete, batch_size, length, seed=2)
-    signature = batch_signature(obs_shape, batch["obs"].dtype, 3, batch_size, length)
+    obs_dtype = tf.nest.map_structure(lambda x: x.dtype, batch["obs"])
+    signature = batch_signature(obs_shape, obs_dtype, 3, batch_size, length)
     results, initial = {}, None
     for fast in (True, False):
         model = build(obs_shape, 3, discrete, size, seed=3)

@@ -8,6 +8,8 @@ path. `weights` (a :class:`LoopWeights`, or None) supplies variables read once b
 import tensorflow as tf
 
 from rllib_dreamerv3.encoders import (
+    DictDecoder,
+    DictEncoder,
     ImageDecoder,
     ImageEncoder,
     VectorDecoder,
@@ -424,11 +426,15 @@ def encoder(enc, obs):
         for block in enc.blocks:
             x = conv_block(block, x)
         return restore_leading(tf.reshape(x, [-1, enc.out_units]), lead, 1)
+    if isinstance(enc, DictEncoder):
+        return tf.concat([encoder(part, x) for part, x in zip(enc.parts, enc.inputs(obs))], -1)
     raise TypeError(f"kernels.encoder: no fast path for {type(enc).__name__}.")
 
 
 def decoder(dec, feat):
     """`dec(feat)` for the decoders of :mod:`rllib_dreamerv3.encoders`."""
+    if isinstance(dec, DictDecoder):
+        return dec.split([decoder(part, feat) for part in dec.parts])
     x, lead = flatten_leading(feat, 1)
     if isinstance(dec, VectorDecoder):
         return restore_leading(mlp(dec.mlp, x), lead, 1)
