@@ -33,6 +33,7 @@ def test_plot_writes_a_png(tmp_path, monkeypatch):
     run = tmp_path / "seed0.jsonl"
     run.write_text('{"env_steps": 1, "episode_return_mean": 1.0}\n')
     out = tmp_path / "curve.png"
-    monkeypatch.setattr(sys, "argv", ["plot_learning.py", str(out), str(run), "--goal", "2"])
+    argv = [str(out), str(run), "--goal", "2", "--frames-per-step", "2", "--reference", "1:0.5"]
+    monkeypatch.setattr(sys, "argv", ["plot_learning.py", *argv])
     plot_learning.main()
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

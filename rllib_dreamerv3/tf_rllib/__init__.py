@@ -6,6 +6,9 @@
 - :func:`to_tensor` / :func:`to_numpy`: batch conversion instead of RLlib's torch connectors.
 - :func:`ensure_tf2_behavior`, :func:`apply_ray_patches`: the guard and the version-pinned
   run-time patch that keep TF working inside Ray.
+- :mod:`~rllib_dreamerv3.tf_rllib.collectives`: TF's collectives among data-parallel Learners
+  (`TfLearner.collective` when `num_learners >= 2`): all-reduce, all-gather, broadcast, and a
+  watchdog for dead peers.
 """
 
 from rllib_dreamerv3.tf_rllib.compat import (

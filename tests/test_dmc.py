@@ -1,0 +1,122 @@
+"""DeepMind Control tasks as in the paper (rllib_dreamerv3.dmc): ids, action repeat 2, 500-step
+truncated episodes, proprio and vision observations, and clear errors."""
+
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import shimmy
+import yaml
+
+from rllib_dreamerv3 import DreamerV3Config
+from rllib_dreamerv3.dmc import is_dmc_id, make_dmc_env
+
+TUNED = os.path.join(os.path.dirname(__file__), "..", "tuned_examples")
+
+
+def _random_actions(env, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1, 1, (n, *env.action_space.shape))
+
+
+def test_ids():
+    assert is_dmc_id("DMC/walker-walk") and is_dmc_id("DMC/ball_in_cup-catch")
+    assert not is_dmc_id("dm_control/walker-walk-v0") and not is_dmc_id("DMC/walker")
+
+
+def test_proprio_env_repeats_each_action_twice_and_sums_the_rewards():
+    env = make_dmc_env("DMC/cup-catch")  # the paper's name of ball_in_cup-catch
+    assert env.observation_space == gym.spaces.Dict(
+        {
+            "position": gym.spaces.Box(-np.inf, np.inf, (4,), np.float64),
+            "velocity": gym.spaces.Box(-np.inf, np.inf, (4,), np.float64),
+        }
+    )
+    gym.register_envs(shimmy)
+    raw = gym.make("dm_control/ball_in_cup-catch-v0")
+    obs, _ = env.reset(seed=3)
+    raw_obs, _ = raw.reset(seed=3)
+    np.testing.assert_array_equal(obs["position"], raw_obs["position"])
+    for action in _random_actions(env, 20):
+        obs, reward, terminated, truncated, _ = env.step(action)
+        raw_rewards = [raw.step(action)[1] for _ in range(2)]
+        raw_obs = raw.unwrapped._env.physics.data.qpos.copy()
+        assert reward == pytest.approx(sum(raw_rewards))
+        np.testing.assert_array_equal(obs["position"], raw_obs)
+        assert not (terminated or truncated)
+    env.close()
+    raw.close()
+
+
+def test_an_episode_is_500_agent_steps_and_ends_truncated():
+    env = make_dmc_env("DMC/cartpole-balance")
+    env.reset(seed=0)
+    actions = _random_actions(env, 500)
+    total = 0.0
+    for t, action in enumerate(actions):
+        _, reward, terminated, truncated, _ = env.step(action)
+        total += reward
+        assert 0.0 <= reward <= 2.0  # two frames, each rewarded in [0, 1]
+        assert not terminated
+        assert truncated == (t == 499)
+    assert 0 < total <= 1000
+    env.close()
+
+
+def test_vision_env_renders_64x64_frames_in_its_own_process():
+    env = make_dmc_env("DMC/cartpole-swingup", {"vision": True})
+    assert env.observation_space == gym.spaces.Dict(
+        {"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)}
+    )
+    obs, _ = env.reset(seed=0)
+    assert obs["image"].dtype == np.uint8 and obs["image"].shape == (64, 64, 3)
+    assert obs["image"].std() > 10  # a picture, not a blank frame
+    frames = [env.step(a)[0]["image"] for a in _random_actions(env, 5)]
+    assert any(not np.array_equal(frames[0], f) for f in frames[1:])
+    process = env._process
+    env.close()
+    assert process.poll() is not None  # the render process is gone
+
+
+def test_vision_with_proprio_adds_the_vector_observations():
+    env = make_dmc_env("DMC/reacher-easy", {"vision": True, "proprio": True})
+    assert sorted(env.observation_space.spaces) == ["image", "position", "to_target", "velocity"]
+    obs, _ = env.reset(seed=0)
+    assert obs["to_target"].shape == (2,)
+    env.close()
+
+
+def test_bad_ids_and_settings_are_named():
+    with pytest.raises(ValueError, match="Unknown DMC task 'DMC/walker-wakl'.*'DMC/walker-walk'"):
+        make_dmc_env("DMC/walker-wakl")
+    with pytest.raises(ValueError, match="Unknown DMC env_config key 'visoin'.*'vision'"):
+        make_dmc_env("DMC/walker-walk", {"visoin": True})
+    with pytest.raises(ValueError, match="leaves no observation"):
+        make_dmc_env("DMC/walker-walk", {"proprio": False})
+    with pytest.raises(ValueError, match="action_repeat=0 must be an integer >= 1"):
+        make_dmc_env("DMC/walker-walk", {"action_repeat": 0})
+
+
+def test_a_rendering_backend_that_fails_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "no-such-backend")
+    with pytest.raises(RuntimeError, match="cannot render.*MUJOCO_GL='no-such-backend'.*EGL"):
+        make_dmc_env("DMC/cartpole-swingup", {"vision": True})
+
+
+@pytest.mark.parametrize(
+    "name, vision, agent_steps",
+    [("dmc_proprio.yaml", False, 250_000), ("dmc_vision.yaml", True, 500_000)],
+)
+def test_tuned_examples_have_the_papers_settings(name, vision, agent_steps):
+    with open(os.path.join(TUNED, name)) as f:
+        (spec,) = yaml.safe_load(f).values()
+    config = DreamerV3Config().update_from_dict(spec["config"]).environment(spec["env"])
+    config.validate()
+    assert (config.model_size, config.training_ratio) == ("S", 512)
+    assert (config.world_model_lr, config.actor_lr, config.critic_lr) == (1e-4, 3e-5, 3e-5)
+    assert config.env_config.get("vision", False) == vision
+    # The paper's budgets, 500k env frames (proprio) and 1M (vision), at action repeat 2.
+    assert spec["stop"]["num_env_steps_sampled_lifetime"] == agent_steps
+    if not vision:  # the author's vector MLPs
+        assert (config.vector_mlp_units, config.vector_mlp_layers) == (1024, 5)
