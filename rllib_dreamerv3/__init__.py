@@ -9,7 +9,6 @@ Importing the package also registers the Ray Tune trainable `"DreamerV3"`.
 
 import os
 import sys
-import warnings
 
 # TF's C++ start-up messages (CUDA probing, oneDNN and CPU-feature notes) are noise for users,
 # and on machines without an NVIDIA driver its failed CUDA probe logs at error level. Set
@@ -41,10 +40,10 @@ def _import_tensorflow():
 # TF must be imported before RLlib: if RLlib imports it first, it disables TF2 behaviour.
 _import_tensorflow()
 
-# Where dm_control is installed, RLlib imports it, and without an X display its default GLFW
-# backend warns on import, although nothing renders through it (DMC vision envs render in a
-# process of their own, see `rllib_dreamerv3.dmc`).
-warnings.filterwarnings("ignore", message=r".*DISPLAY environment variable is missing")
+# RLlib imports dm_control where it is installed: no OpenGL in TF processes (see the function).
+from rllib_dreamerv3.dmc import keep_opengl_out_of_this_process  # noqa: E402
+
+keep_opengl_out_of_this_process()
 
 from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior  # noqa: E402
 

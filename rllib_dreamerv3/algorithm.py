@@ -575,9 +575,16 @@ class DreamerV3Config(AlgorithmConfig):
                 env.close()
         check_spaces(obs_space, act_space)
         try:
-            ObsFormat(obs_space, self.encoder_keys, self.decoder_keys)
+            obs_format = ObsFormat(obs_space, self.encoder_keys, self.decoder_keys)
         except ValueError as err:
             self._value_error(str(err))
+        else:
+            for name in ("encoder_keys", "decoder_keys"):
+                if getattr(self, name) != ".*" and not obs_format.is_dict:
+                    self._value_error(
+                        f"{name}={getattr(self, name)!r} chooses entries of Dict observations, "
+                        f"but this env's observation space is {obs_space}; leave {name} at '.*'."
+                    )
         self._validate_replay_memory(obs_space, act_space)
 
     def _validate_replay_memory(self, observation_space, action_space):

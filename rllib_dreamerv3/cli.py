@@ -765,9 +765,16 @@ def _train_command(args, parser):
 def _export_command(args):
     config = load_checkpoint_config(args.checkpoint)
     jit = False if (args.no_jit or args.tflite) else None
-    out = export_policy(
-        args.checkpoint, args.out_dir, jit_compile=jit, env=config.env, env_config=config.env_config
-    )
+    try:
+        out = export_policy(
+            args.checkpoint,
+            args.out_dir,
+            jit_compile=jit,
+            env=config.env,
+            env_config=config.env_config,
+        )
+    except ValueError as err:  # e.g. a policy of Dict observations
+        raise CliError(f"rllib export {args.checkpoint}: {err}") from None
     size = saved_model_bytes(out)
     print(
         f"{out}: SavedModel of the {config.env} policy ({size / 1e6:.2f} MB). Load it with "

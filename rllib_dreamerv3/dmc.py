@@ -18,8 +18,10 @@ step: 2 frames.
 
 Vision envs run in a child process of their own (:class:`RenderProcessEnv`): Mesa's software
 OpenGL drivers (EGL, OSMesa), which headless machines render with, load an LLVM that clashes
-with TensorFlow's XLA in one process (it aborts). The child imports dm_control but not
-TensorFlow; it renders with `MUJOCO_GL` if set, else EGL, else OSMesa.
+with TensorFlow's XLA in one process (it aborts). So TensorFlow processes load no OpenGL
+backend at all (:func:`keep_opengl_out_of_this_process`, run when rllib_dreamerv3 is imported),
+and the child, which imports dm_control but not TensorFlow, renders with the user's `MUJOCO_GL`
+if set, else EGL, else OSMesa.
 """
 
 import ctypes.util
@@ -45,15 +47,35 @@ ENV_CONFIG = {
 }
 IMAGE_SIZE = 64
 DOMAIN_ALIASES = {"cup": "ball_in_cup"}  # the paper's task names
-_DMC_ID = re.compile(r"DMC/(?P<domain>[a-z_]+)-(?P<task>[a-z_]+)")
+_DMC_ID = re.compile(r"DMC/(?P<domain>[a-z0-9_]+)-(?P<task>[a-z0-9_]+)")
+USER_MUJOCO_GL = "RLLIB_DREAMERV3_MUJOCO_GL"  # the user's MUJOCO_GL, kept for render processes
+CALL_TIMEOUT_S = 300  # a render process that answers no call for this long is stuck
 
 
-def headless_gl_backend():
-    """MuJoCo's OpenGL backend for a render process: `MUJOCO_GL` if set; else, without an X
-    display, "egl" if libEGL is installed, else "osmesa" if libOSMesa is; else None
+def keep_opengl_out_of_this_process():
+    """Make dm_control load no OpenGL backend in this process (`MUJOCO_GL=disable`), keeping the
+    user's `MUJOCO_GL` in `RLLIB_DREAMERV3_MUJOCO_GL` for render processes.
+
+    RLlib imports dm_control wherever it is installed, and dm_control loads its backend when
+    imported: Mesa's EGL or OSMesa would then share the process with TensorFlow (see the module
+    doc), and GLFW warns without a display. Runs before RLlib is imported; Ray's workers inherit
+    both variables. Does nothing once dm_control is imported (its backend is chosen then).
+    """
+    if "dm_control" in sys.modules:
+        return
+    os.environ.setdefault(USER_MUJOCO_GL, os.environ.get("MUJOCO_GL", ""))
+    os.environ["MUJOCO_GL"] = "disable"
+
+
+def render_process_gl_backend():
+    """MuJoCo's OpenGL backend for a render process: the user's `MUJOCO_GL` if set; else,
+    without an X display, "egl" if libEGL is installed, else "osmesa" if libOSMesa is; else None
     (dm_control's own choice)."""
-    if "MUJOCO_GL" in os.environ or os.environ.get("DISPLAY"):
-        return os.environ.get("MUJOCO_GL")
+    user = os.environ.get(USER_MUJOCO_GL, os.environ.get("MUJOCO_GL", ""))
+    if user:
+        return user
+    if os.environ.get("DISPLAY"):
+        return None
     for backend, library in (("egl", "EGL"), ("osmesa", "OSMesa")):
         if ctypes.util.find_library(library):
             return backend
@@ -104,6 +126,7 @@ def make_dmc_env(env_id, env_config=None):
     domain = DOMAIN_ALIASES.get(match["domain"], match["domain"])
     task = match["task"]
     try:
+        import shimmy  # noqa: F401  (the render process needs it too)
         from dm_control import suite
     except ImportError as err:
         raise ImportError(
@@ -190,24 +213,34 @@ class RenderProcessEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, env_id, settings):
-        child_in, to_child = os.pipe()  # (read end, write end)
-        from_child, child_out = os.pipe()
+        self.env_id = env_id
+        self.render_mode = "rgb_array"
+        self._closed = True  # until the process runs
         env = dict(os.environ)
-        backend = headless_gl_backend()
+        env.pop("MUJOCO_GL", None)
+        backend = render_process_gl_backend()
         if backend is not None:
             env["MUJOCO_GL"] = backend
-        self.env_id = env_id
-        self._process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), str(child_in), str(child_out)],
-            pass_fds=(child_in, child_out),
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        child_in, to_child = os.pipe()  # (read end, write end)
+        from_child, child_out = os.pipe()
+        try:
+            # Run as `-c` with the file's path, so that the child's sys.path does not start
+            # with this package's directory (whose modules would shadow top-level ones).
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_MAIN, os.path.abspath(__file__)]
+                + [str(child_in), str(child_out)],
+                pass_fds=(child_in, child_out),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            for fd in (child_in, to_child, from_child, child_out):
+                os.close(fd)
+            raise
         os.close(child_in)
         os.close(child_out)
         self._send = Connection(to_child, readable=False)
         self._receive = Connection(from_child, writable=False)
-        self.render_mode = "rgb_array"
         self._closed = False
         self.observation_space, self.action_space = self._call("start", env_id, settings)
 
@@ -216,25 +249,33 @@ class RenderProcessEnv(gym.Env):
             raise RuntimeError(f"The {self.env_id!r} env is closed.")
         try:
             self._send.send((method, args, kwargs))
-            status, result = self._receive.recv()
+            if not self._receive.poll(CALL_TIMEOUT_S):
+                self.close()
+                raise RuntimeError(
+                    f"The render process of {self.env_id!r} did not answer {method}() within "
+                    f"{CALL_TIMEOUT_S} s; it was stopped."
+                )
+            reply = self._receive.recv()
         except (EOFError, OSError):
             code = self._process.wait()
-            self._closed = True
+            self.close()
             raise RuntimeError(
                 f"The render process of {self.env_id!r} exited (code {code}) during {method}(); "
                 "its error is above in stderr."
             ) from None
-        if status == "error":
-            if method == "start":
-                self.close()
-                raise RuntimeError(
-                    f"{self.env_id!r} with vision=True cannot render (MUJOCO_GL="
-                    f"{headless_gl_backend()!r} in its render process). Headless rendering "
-                    "needs EGL (e.g. apt install libegl1) or OSMesa (apt install libosmesa6), "
-                    "or set MUJOCO_GL; or drop vision=True. The render process said:\n" + result
-                )
-            raise RuntimeError(f"{self.env_id!r} raised in its render process:\n{result}")
-        return result
+        status, stage, result = reply
+        if status == "ok":
+            return result
+        if method == "start":
+            self.close()
+        if stage in ("opengl", "render"):
+            raise RuntimeError(
+                f"{self.env_id!r} with vision=True cannot render (MUJOCO_GL="
+                f"{render_process_gl_backend()!r} in its render process). Headless rendering "
+                "needs EGL (e.g. apt install libegl1) or OSMesa (apt install libosmesa6), or "
+                "set MUJOCO_GL; or drop vision=True. The render process said:\n" + result
+            )
+        raise RuntimeError(f"{self.env_id!r} raised in its render process:\n{result}")
 
     def reset(self, *, seed=None, options=None):
         return self._call("reset", seed=seed, options=options)
@@ -251,7 +292,7 @@ class RenderProcessEnv(gym.Env):
         self._closed = True
         try:
             self._send.send(("close", (), {}))
-        except OSError:
+        except OSError:  # the process is gone already
             pass
         try:
             self._process.wait(timeout=10)
@@ -267,7 +308,9 @@ class RenderProcessEnv(gym.Env):
 
 
 def _serve(child_in, child_out):
-    """The render process's loop (see :class:`RenderProcessEnv`)."""
+    """The render process's loop (see :class:`RenderProcessEnv`). Every reply is
+    `(status, stage, result)`: `("ok", None, value)` or `("error", stage, traceback)`, where the
+    stage of a failed start says what failed: loading OpenGL, building the env, or rendering."""
     receive = Connection(child_in, writable=False)
     send = Connection(child_out, readable=False)
     env = None
@@ -278,12 +321,18 @@ def _serve(child_in, child_out):
             break
         if method == "close":
             break
+        stage = method
         try:
             if method == "start":
+                stage = "opengl"
+                import dm_control._render  # noqa: F401  (loads the MUJOCO_GL backend)
+
+                stage = "build"
                 env_id, settings = args
                 match = _DMC_ID.fullmatch(env_id)
                 domain = DOMAIN_ALIASES.get(match["domain"], match["domain"])
                 env = _local_env(domain, match["task"], settings)
+                stage = "render"
                 frame = np.asarray(env.unwrapped.render())
                 if frame.shape != (IMAGE_SIZE, IMAGE_SIZE, 3):
                     raise RuntimeError(f"rendered a frame of shape {frame.shape}")
@@ -291,12 +340,15 @@ def _serve(child_in, child_out):
             else:
                 result = getattr(env, method)(*args, **kwargs)
         except Exception:
-            send.send(("error", traceback.format_exc()))
+            send.send(("error", stage, traceback.format_exc()))
         else:
-            send.send(("ok", result))
+            send.send(("ok", None, result))
     if env is not None:
         env.close()
 
 
+# The render process's entry point: this file run by path (`python -c _CHILD_MAIN path fd fd`).
+_CHILD_MAIN = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
+
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))
+    _serve(int(sys.argv[-2]), int(sys.argv[-1]))

@@ -101,8 +101,15 @@ def _dict_leaves(space, prefix=""):
     for name, leaf in space.spaces.items():
         key = f"{prefix}{name}"
         if isinstance(leaf, gym.spaces.Dict):
-            leaves.update(_dict_leaves(leaf, key + "/"))
-        elif isinstance(leaf, gym.spaces.Discrete):
+            nested = _dict_leaves(leaf, key + "/")
+            clash = sorted(set(nested) & set(leaves))
+            if clash:
+                raise ValueError(f"The Dict observation space has the key {clash[0]!r} twice.")
+            leaves.update(nested)
+            continue
+        if key in leaves:
+            raise ValueError(f"The Dict observation space has the key {key!r} twice.")
+        if isinstance(leaf, gym.spaces.Discrete):
             leaves[key] = leaf
         elif isinstance(leaf, gym.spaces.Box) and len(leaf.shape) == 3:
             _check_image_space(leaf, key)
@@ -224,7 +231,9 @@ class ObsFormat:
             index = int(value) - int(space.start)
             if not 0 <= index < space.n:
                 raise ValueError(f"{subject} {int(value)}, outside {space}")
-            return np.eye(space.n, dtype=np.float32)[index]
+            one_hot = np.zeros(space.n, np.float32)
+            one_hot[index] = 1.0
+            return one_hot
         dtype = self.dtypes[key]
         if value.shape != space.shape or not np.can_cast(value.dtype, dtype, "same_kind"):
             raise ValueError(
@@ -302,7 +311,8 @@ def env_action(action, action_space):
 
 
 def obs_storage_dtype(observation_space):
-    """numpy dtype observations are stored and fed in: uint8 stays uint8, the rest float32."""
+    """numpy dtype Box observations are stored and fed in: uint8 stays uint8, the rest float32
+    (any space: :class:`ObsFormat`)."""
     return np.dtype(np.uint8) if observation_space.dtype == np.uint8 else np.dtype(np.float32)
 
 

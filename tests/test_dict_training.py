@@ -97,6 +97,37 @@ def test_encoder_and_decoder_keys_choose_the_entries():
         tiny_config(dict_env(space), decoder_keys="nothing").validate()
     with pytest.raises(ValueError, match="encoder_keys=3 must be a regular expression"):
         tiny_config(dict_env(space), encoder_keys=3).validate()
+    with pytest.raises(ValueError, match="decoder_keys=\\['pos'\\] chooses entries of Dict"):
+        tiny_config("CartPole-v1", decoder_keys=["pos"]).validate()
+
+
+def test_dict_replay_and_weights_survive_a_checkpoint_with_a_remote_env_runner(tmp_path):
+    config = tiny_config(dict_env(SPACES["both"])).env_runners(num_env_runners=1)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        stored = algo.replay_buffer.get_state()
+        weights = algo.get_module().get_state()
+    finally:
+        algo.stop()
+    from rllib_dreamerv3 import DreamerV3
+
+    restored = DreamerV3.from_checkpoint(path)
+    try:
+        state = restored.replay_buffer.get_state()
+        assert state["size"] == stored["size"] > 0
+        for key in ("obs/frame", "obs/mode", "obs/pos", "obs/height"):
+            np.testing.assert_array_equal(state["data"][key], stored["data"][key])
+        again = restored.get_module().get_state()
+        for name in ("model/world_model/encoder/image", "model/world_model/decoder/vector"):
+            keys = [k for k in weights if k.startswith(name)]
+            assert keys, name
+            for k in keys:
+                np.testing.assert_array_equal(again[k], weights[k])
+        restored.train()  # and it trains on
+    finally:
+        restored.stop()
 
 
 def test_discrete_observations_train_as_one_hot_vectors():

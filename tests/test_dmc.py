@@ -2,15 +2,18 @@
 truncated episodes, proprio and vision observations, and clear errors."""
 
 import os
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
-import shimmy
 import yaml
 
 from rllib_dreamerv3 import DreamerV3Config
-from rllib_dreamerv3.dmc import is_dmc_id, make_dmc_env
+from rllib_dreamerv3.dmc import USER_MUJOCO_GL, is_dmc_id, make_dmc_env
+
+shimmy = pytest.importorskip("shimmy", reason="DMC needs the [dmc] extra")
 
 TUNED = os.path.join(os.path.dirname(__file__), "..", "tuned_examples")
 
@@ -99,9 +102,26 @@ def test_bad_ids_and_settings_are_named():
 
 
 def test_a_rendering_backend_that_fails_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("MUJOCO_GL", "no-such-backend")
-    with pytest.raises(RuntimeError, match="cannot render.*MUJOCO_GL='no-such-backend'.*EGL"):
+    # The user's MUJOCO_GL, as rllib_dreamerv3 keeps it for render processes on import.
+    monkeypatch.setenv(USER_MUJOCO_GL, "no-such-backend")
+    with pytest.raises(RuntimeError, match="cannot render.*='no-such-backend'.*EGL") as info:
         make_dmc_env("DMC/cartpole-swingup", {"vision": True})
+    assert "MUJOCO_GL must be one of" in str(info.value)  # dm_control's own words
+
+
+def test_importing_the_package_keeps_opengl_out_of_the_process():
+    code = (
+        "import rllib_dreamerv3, os; from dm_control import _render; "
+        "print(_render.BACKEND, os.environ['RLLIB_DREAMERV3_MUJOCO_GL'])"
+    )
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    env.pop(USER_MUJOCO_GL, None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]  # no abort at exit either
+    # No backend here; the user's choice is kept for render processes.
+    assert out.stdout.split() == ["off", "egl"]  # dm_control's name for 'disable'
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import tiny_config
+from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3.algorithm import learner_batches
 from rllib_dreamerv3.encoders import (
     DictDecoder,
     DictEncoder,
@@ -124,6 +126,27 @@ def test_bad_keys_and_bad_observations_are_named():
     obs["arm"]["cam"] = np.zeros((32, 32, 3), np.uint8)
     with pytest.raises(ValueError, match=r"entry 'arm/cam' is of shape \(32, 32, 3\)"):
         fmt.convert(obs)
+
+
+def test_a_key_that_appears_twice_is_an_error():
+    space = gym.spaces.Dict(
+        {"a/b": gym.spaces.Box(0, 1, (2,)), "a": gym.spaces.Dict({"b": gym.spaces.Discrete(2)})}
+    )
+    with pytest.raises(ValueError, match="has the key 'a/b' twice"):
+        ObsFormat(space)
+
+
+def test_learner_batches_split_dict_observations_into_row_blocks():
+    rows = np.arange(4)
+    batch = {
+        "obs": {"pos": np.stack([rows, rows], 1)[:, None], "cam": rows[:, None, None] * np.ones(3)},
+        "rewards": rows[:, None].astype(np.float32),
+    }
+    shards = [b.policy_batches[DEFAULT_MODULE_ID] for b in learner_batches(batch, 2)["batches"]]
+    for shard, block in zip(shards, ([0, 1], [2, 3])):
+        np.testing.assert_array_equal(shard["obs"]["pos"][:, 0, 0], block)
+        np.testing.assert_array_equal(shard["obs"]["cam"][:, 0, 0], block)
+        np.testing.assert_array_equal(shard["rewards"][:, 0], block)
 
 
 def test_nonfinite_entries_are_found_by_key():
