@@ -22,6 +22,8 @@ import re
 
 import gymnasium as gym
 
+from rllib_dreamerv3.env_settings import settings_with_defaults
+
 # name -> (default, description). The only settings of an Atari env; everything else is fixed.
 ENV_CONFIG = {
     "protocol": (
@@ -62,17 +64,7 @@ def is_atari_id(env):
 
 def atari_settings(env_config=None):
     """`env_config` checked and completed with `ENV_CONFIG`'s defaults; `ValueError` if bad."""
-    env_config = dict(env_config or {})
-    for key in env_config:
-        if key not in ENV_CONFIG:
-            close = difflib.get_close_matches(str(key), list(ENV_CONFIG), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            valid = "; ".join(
-                f"{name!r} (default {default!r}): {doc}"
-                for name, (default, doc) in ENV_CONFIG.items()
-            )
-            raise ValueError(f"Unknown Atari env_config key {key!r}.{hint} Valid keys: {valid}.")
-    settings = {name: env_config.get(name, default) for name, (default, _) in ENV_CONFIG.items()}
+    settings = settings_with_defaults(env_config, ENV_CONFIG, "Atari")
     if settings["protocol"] not in STICKY_ACTION_PROBABILITY:
         raise ValueError(
             f"Atari env_config protocol={settings['protocol']!r} is unknown; use "

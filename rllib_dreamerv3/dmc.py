@@ -89,17 +89,10 @@ def is_dmc_id(env):
 
 def dmc_settings(env_config=None):
     """`env_config` checked and completed with `ENV_CONFIG`'s defaults; `ValueError` if bad."""
-    env_config = dict(env_config or {})
-    for key in env_config:
-        if key not in ENV_CONFIG:
-            close = difflib.get_close_matches(str(key), list(ENV_CONFIG), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            valid = "; ".join(
-                f"{name!r} (default {default!r}): {doc}"
-                for name, (default, doc) in ENV_CONFIG.items()
-            )
-            raise ValueError(f"Unknown DMC env_config key {key!r}.{hint} Valid keys: {valid}.")
-    settings = {name: env_config.get(name, default) for name, (default, _) in ENV_CONFIG.items()}
+    # Imported here: the render process runs this file without the package (and TensorFlow).
+    from rllib_dreamerv3.env_settings import settings_with_defaults
+
+    settings = settings_with_defaults(env_config, ENV_CONFIG, "DMC")
     if settings["proprio"] is None:
         settings["proprio"] = not settings["vision"]
     for name in ("vision", "proprio"):
