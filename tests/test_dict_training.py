@@ -101,6 +101,7 @@ def test_encoder_and_decoder_keys_choose_the_entries():
         tiny_config("CartPole-v1", decoder_keys=["pos"]).validate()
 
 
+@pytest.mark.slow  # ~40 s: Ray actors and a restore; opt-in to keep the default suite short
 def test_dict_replay_and_weights_survive_a_checkpoint_with_a_remote_env_runner(tmp_path):
     config = tiny_config(dict_env(SPACES["both"])).env_runners(num_env_runners=1)
     algo = config.build_algo()
