@@ -108,6 +108,14 @@ class ReplayBuffer:
             fields["obs"] = steps["obs"]
         return fields
 
+    def _nested(self, fields):
+        """The inverse of :meth:`_fields`: a Dict observation's `obs/<key>` fields as one dict."""
+        if not self._dict_obs:
+            return dict(fields)
+        out = {key: value for key, value in fields.items() if not key.startswith("obs/")}
+        out["obs"] = {key[len("obs/") :]: v for key, v in fields.items() if key.startswith("obs/")}
+        return out
+
     def add(self, stream_key, steps):
         """Append `steps` (dict of arrays `[N, ...]` with the keys of `FIELDS`) to a stream.
 
@@ -177,12 +185,7 @@ class ReplayBuffer:
         slots[:, 0] = starts[:batch_size]
         for t in range(1, self.batch_length):
             slots[:, t] = self._next_slot[slots[:, t - 1]]
-        out = {key: value[slots] for key, value in self._data.items()}
-        if self._dict_obs:
-            out["obs"] = {
-                key[len("obs/") :]: out.pop(key) for key in self._data if key.startswith("obs/")
-            }
-        return out
+        return self._nested({key: value[slots] for key, value in self._data.items()})
 
     def get_state(self):
         """Everything needed to restore the buffer, as numpy arrays and plain Python values.
@@ -211,13 +214,12 @@ class ReplayBuffer:
     @property
     def spec(self):
         """`{capacity, obs_shape, obs_dtype, action_dim}`: what a restored state must match."""
+        obs = self._nested(self._data)["obs"]
         if self._dict_obs:
-            obs = {key[len("obs/") :]: v for key, v in self._data.items() if key.startswith("obs/")}
             obs_shape = {key: list(value.shape[1:]) for key, value in obs.items()}
             obs_dtype = {key: value.dtype.name for key, value in obs.items()}
         else:
-            obs_shape = list(self._data["obs"].shape[1:])
-            obs_dtype = self._data["obs"].dtype.name
+            obs_shape, obs_dtype = list(obs.shape[1:]), obs.dtype.name
         return {
             "capacity": self.capacity,
             "obs_shape": obs_shape,

@@ -313,7 +313,7 @@ def env_action(action, action_space):
 def obs_storage_dtype(observation_space):
     """numpy dtype Box observations are stored and fed in: uint8 stays uint8, the rest float32
     (any space: :class:`ObsFormat`)."""
-    return np.dtype(np.uint8) if observation_space.dtype == np.uint8 else np.dtype(np.float32)
+    return _model_dtype(observation_space, in_dict=False)
 
 
 def is_discrete(action_space):
