@@ -6,6 +6,7 @@ so each names the other (`DreamerV3Config().algo_class`, `DreamerV3.get_default_
 without an import cycle; `rllib_dreamerv3.config` re-exports the config's names.
 """
 
+import collections
 import difflib
 import importlib.util
 import inspect
@@ -28,6 +29,12 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.from_config import NotProvided
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
+    EPISODE_LEN_MAX,
+    EPISODE_LEN_MEAN,
+    EPISODE_LEN_MIN,
+    EPISODE_RETURN_MAX,
+    EPISODE_RETURN_MEAN,
+    EPISODE_RETURN_MIN,
     LEARNER_RESULTS,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     NUM_ENV_STEPS_TRAINED_LIFETIME,
@@ -719,6 +726,8 @@ class DreamerV3(Algorithm):
         # Ray's own counters (a defaultdict) live in the same dict: add to it, don't replace it.
         self._counters.update(num_updates=0, env_steps_at_learning_start=None)
         self._dreams = None  # the latest dream summaries, until `step` reports them
+        # (return, length) of the latest finished training episodes, for the smoothed metrics.
+        self._recent_episodes = collections.deque(maxlen=cfg.metrics_num_episodes_for_smoothing)
         self._no_samples_since = None  # when remote EnvRunners started returning nothing
         self._share_learner_module()
         # Only image dreams have videos (vector dreams are plots).
@@ -755,6 +764,7 @@ class DreamerV3(Algorithm):
             return (
                 runner.sample(num_timesteps=per_runner, random_actions=random_actions),
                 runner.get_metrics(),
+                runner.pop_finished_episodes(),
             )
 
         if remote == 0:
@@ -762,10 +772,11 @@ class DreamerV3(Algorithm):
         else:
             results = self.env_runner_group.foreach_env_runner(sample, local_env_runner=False)
             self._check_env_runners_sampled(results, remote)
-        for chunks, _ in results:
+        for chunks, _, episodes in results:
             for stream_key, steps in chunks:
                 self.replay_buffer.add(stream_key, steps)
-        self.metrics.aggregate([metrics for _, metrics in results], key=ENV_RUNNER_RESULTS)
+            self._recent_episodes.extend(episodes)
+        self.metrics.aggregate([metrics for _, metrics, _ in results], key=ENV_RUNNER_RESULTS)
 
     def _warm_up(self, num_timesteps):
         """Sample `num_timesteps` random-action steps in about ten rounds, with a progress bar
@@ -933,10 +944,33 @@ class DreamerV3(Algorithm):
         return and losses as top-level numbers, the columns of Tune's status table) and carry
         `dreams` (see :mod:`rllib_dreamerv3.dreams`) in iterations that computed them."""
         results = super().step()
+        self._smooth_episode_metrics(results.get(ENV_RUNNER_RESULTS))
         if self._dreams is not None:
             results[DREAMS] = self._dreams
             self._dreams = None
         return {**summary(results), **results}
+
+    def _smooth_episode_metrics(self, env_runner_results):
+        """Set the episode return and length metrics (mean, min, max) to those of the latest
+        `metrics_num_episodes_for_smoothing` training episodes, across iterations.
+
+        Ray 2.60's metrics reduce each iteration on its own: its `episode_return_mean` is that
+        of the episodes finished in this iteration (one long episode can be all of it), and a
+        stop criterion on it would fire on a single good episode. Iterations without a finished
+        episode keep reporting the window's values."""
+        if env_runner_results is None or not self._recent_episodes:
+            return
+        returns, lengths = np.asarray(self._recent_episodes, dtype=np.float64).T
+        env_runner_results.update(
+            {
+                EPISODE_RETURN_MEAN: float(returns.mean()),
+                EPISODE_RETURN_MIN: float(returns.min()),
+                EPISODE_RETURN_MAX: float(returns.max()),
+                EPISODE_LEN_MEAN: float(lengths.mean()),
+                EPISODE_LEN_MIN: float(lengths.min()),
+                EPISODE_LEN_MAX: float(lengths.max()),
+            }
+        )
 
     # --- evaluation -----------------------------------------------------------------------------
     def evaluate(self, parallel_train_future=None):
@@ -1051,6 +1085,7 @@ class DreamerV3(Algorithm):
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
         state["dreamer_counters"] = dict(self._counters)
+        state["dreamer_recent_episodes"] = list(self._recent_episodes)
         if self.config.store_replay_buffer_in_checkpoint:
             state["replay_buffer"] = self.replay_buffer.get_state()
         return state
@@ -1061,5 +1096,8 @@ class DreamerV3(Algorithm):
         super().set_state(state)
         if "dreamer_counters" in state:
             self._counters.update(state["dreamer_counters"])
+        if "dreamer_recent_episodes" in state:
+            self._recent_episodes.clear()
+            self._recent_episodes.extend(map(tuple, state["dreamer_recent_episodes"]))
         if "replay_buffer" in state:
             self.replay_buffer.set_state(state["replay_buffer"])

@@ -18,6 +18,7 @@ steps are lost, the next `sample()` starts every env's episode anew, so that no 
 continues across the gap.
 """
 
+import collections
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -140,6 +141,10 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         self.shares_learner_module = False  # see `share_module`
         self._pending = None  # per env: the current observation's record, waiting for an action
         self._pool = None  # the policy's worker thread when envs and policy overlap
+        # (return, length) until `pop_finished_episodes`; only the smoothing window's worth.
+        self._finished_episodes = collections.deque(
+            maxlen=self.config.metrics_num_episodes_for_smoothing
+        )
 
     def share_module(self, module):
         """Act with `module`, the Learner's RLModule in this process, instead of a copy.
@@ -191,6 +196,16 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
 
     def get_metrics(self):
         return self.metrics.reduce()
+
+    def pop_finished_episodes(self):
+        """`(return, length)` of the episodes finished since the last call, oldest first (at
+        most `metrics_num_episodes_for_smoothing`, the latest).
+
+        The algorithm smooths its episode metrics over these (see
+        `DreamerV3.step`): Ray's metrics reduce each iteration's episodes on their own."""
+        episodes = list(self._finished_episodes)
+        self._finished_episodes.clear()
+        return episodes
 
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = {
@@ -518,6 +533,7 @@ class DreamerV3EnvRunner(EnvRunner, Checkpointable):
         return out
 
     def _log_episode(self, episode_return, length):
+        self._finished_episodes.append((float(episode_return), int(length)))
         window = self.config.metrics_num_episodes_for_smoothing
         self.metrics.log_value(EPISODE_RETURN_MEAN, episode_return, window=window)
         self.metrics.log_value(EPISODE_LEN_MEAN, length, window=window)

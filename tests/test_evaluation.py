@@ -42,6 +42,55 @@ class _FixedLengthEnv(gym.Env):
         return np.full(2, self.t / 3, np.float32), 1.0, self.t == 3, False, {}
 
 
+class _GrowingEpisodesEnv(gym.Env):
+    """Episode k (from 0) lasts k + 1 steps with reward 1 per step: its return is k + 1."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config=None):
+        self.episode, self.t = -1, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.episode, self.t = self.episode + 1, 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t == self.episode + 1
+        return np.full(2, self.t / 20, np.float32), 1.0, done, False, {}
+
+
+def test_episode_metrics_are_smoothed_over_the_last_episodes_across_iterations():
+    # 16 steps per iteration and episodes of 7, 8, 9, ... steps: one or two episodes end in an
+    # iteration, so the window of 4 spans iterations. Ray 2.60's own reduction would report
+    # the mean of the iteration's episodes only.
+    window = 4
+    config = tiny_config(_GrowingEpisodesEnv).reporting(metrics_num_episodes_for_smoothing=window)
+    algo = config.build_algo()
+    try:
+        for _ in range(4):
+            result = algo.train()
+        steps = result[ENV_RUNNER_RESULTS][NUM_ENV_STEPS_SAMPLED_LIFETIME]
+        finished = 0  # episodes of 1, 2, ... steps end at 1, 3, 6, 10, ... steps
+        while (finished + 1) * (finished + 2) // 2 <= steps:
+            finished += 1
+        last = np.arange(finished - window + 1, finished + 1)  # their returns = lengths
+        runners = result[ENV_RUNNER_RESULTS]
+        assert runners["episode_return_mean"] == pytest.approx(last.mean())
+        assert runners["episode_len_mean"] == pytest.approx(last.mean())
+        assert (runners["episode_return_min"], runners["episode_return_max"]) == (
+            last[0],
+            last[-1],
+        )
+        assert result["episode_return_mean"] == pytest.approx(last.mean())  # Tune's column
+        # The window is part of the checkpoint state.
+        state = algo.get_state()
+        assert [length for _, length in state["dreamer_recent_episodes"]] == list(last)
+    finally:
+        algo.stop()
+
+
 def _finite(value):
     return value is not None and math.isfinite(float(value))
 
