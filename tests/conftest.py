@@ -16,6 +16,7 @@ ISOLATED_MODULES = (
     "test_kernels.py",
     "test_model.py",
     "test_dict_training.py",
+    "test_multi_learner.py",
 )
 ISOLATED_CHILD_ENV = "RLLIB_DREAMERV3_ISOLATED_CHILD"
 

@@ -42,7 +42,13 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 @pytest.mark.parametrize(
     "env,num_env_runners,num_learners",
-    [("CartPole-v1", 0, 0), ("CartPole-v1", 1, 1), ("Pendulum-v1", 0, 1), ("Pendulum-v1", 1, 0)],
+    [
+        ("CartPole-v1", 0, 0),
+        # Opt-in: a remote EnvRunner and a remote Learner are each covered by a Pendulum case.
+        pytest.param("CartPole-v1", 1, 1, marks=pytest.mark.slow),
+        ("Pendulum-v1", 0, 1),
+        ("Pendulum-v1", 1, 0),
+    ],
 )
 def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
     config = (

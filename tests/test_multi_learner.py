@@ -1,9 +1,9 @@
 """Data-parallel Learners (`num_learners >= 2`): TF collectives set up by Ray Train's backend.
 
-Marked `slow` so that the default suite runs them through `test_multi_learner_isolated.py`,
-in an interpreter of their own. Every XLA compilation stays mapped in its process for good, and
-the whole suite in one process comes close to Linux's default `vm.max_map_count` (65,530 memory
-maps; past it, TF dies with SIGSEGV): with these tests in it, the suite crashed.
+One of `conftest.ISOLATED_MODULES`: the whole suite runs this module in an interpreter of its
+own. Every XLA compilation stays mapped in its process for good, and the whole suite in one
+process comes close to Linux's default `vm.max_map_count` (65,530 memory maps; past it, TF dies
+with SIGSEGV): with these tests in it, the suite crashed.
 """
 
 import time
@@ -17,8 +17,6 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.algorithm import learner_batches
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,6 +103,8 @@ def test_two_learners_make_the_update_of_one_learner_on_the_whole_batch():
             group.shutdown()
 
 
+# Opt-in: the longest test here; the update's equality with one Learner is the default check.
+@pytest.mark.slow
 def test_two_learners_with_two_env_runners_stay_identical():
     config = (
         tiny_config("CartPole-v1", batch_size_B=4, training_ratio=64)
