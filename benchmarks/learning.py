@@ -2,12 +2,13 @@
 
 Usage: python benchmarks/learning.py tuned_examples/cartpole.yaml [--max-minutes 60] [--seed 0]
        [--config '{world_model_lr: 1.0e-4}'] [--env DMC/reacher-easy]
-       [--dreams-dir benchmarks/out/dreams]
+       [--dreams-dir benchmarks/out/dreams] [--save-checkpoint DIR]
 
 Each line: iteration, env steps sampled, updates, wall seconds since the start (build included),
 episode return mean, and the world-model losses. The last line has "done": true and the reason.
 Runs in-process (no Ray Tune), with the YAML's `config` applied via `update_from_dict`. Dream
 summaries (every `dream_every_n_updates` updates) are saved as PNG/MP4 under `--dreams-dir`.
+`--save-checkpoint DIR` saves the algorithm there when the run stops (`rllib evaluate DIR`).
 """
 
 import argparse
@@ -53,6 +54,7 @@ def main():
     )
     parser.add_argument("--env", help="env id, in place of the example's")
     parser.add_argument("--dreams-dir", default=os.path.join("benchmarks", "out", "dreams"))
+    parser.add_argument("--save-checkpoint", metavar="DIR", help="save the algorithm at the end")
     args = parser.parse_args()
     with open(args.yaml_file) as f:
         experiments = yaml.safe_load(f)
@@ -116,13 +118,18 @@ def main():
         reason = stop_reached(result, spec.get("stop", {}))
         if reason is None and elapsed > args.max_minutes * 60:
             reason = f"max_minutes={args.max_minutes}"
+    wall_s = round(time.time() - start, 1)
+    checkpoint = (
+        algo.save_to_path(os.path.abspath(args.save_checkpoint)) if args.save_checkpoint else None
+    )
     print(
         json.dumps(
             {
                 "experiment": name,
                 "done": True,
                 "stop": reason,
-                "wall_s": round(time.time() - start, 1),
+                "wall_s": wall_s,
+                **({"checkpoint": checkpoint} if checkpoint else {}),
             }
         ),
         flush=True,
