@@ -90,6 +90,7 @@ def main():
                             "L_world_model",
                             "L_decoder",
                             "L_continue",
+                            "kl_dyn_before_free_bits",
                             "actor_entropy",
                             "critic_value_mean",
                             "imagined_continue_mean",

@@ -1,0 +1,125 @@
+"""What ends the CartPole episodes of a checkpoint's policy, and whether its world model sees it.
+
+Usage: python benchmarks/cartpole_terminations.py CHECKPOINT [--episodes 10] [--explore]
+       [--seed 1000] [--imagine 15]
+
+CHECKPOINT is a directory saved by `algo.save_to_path()` (or `benchmarks/learning.py
+--save-checkpoint`) of a CartPole-v1 run. Plays `--episodes` episodes with the checkpoint's
+module, greedily unless `--explore`, and prints one JSON line per episode: its length and what
+ended it, "cart" (|x| > 2.4), "pole" (|angle| > 12 degrees) or "truncated" (500 steps), with the
+final cart position and pole angle.
+
+For an episode that terminates, the world model also dreams `--imagine` steps with the actor's
+greedy actions from the posterior state that many steps before the end: the line gives the
+cart position the decoder predicts at the end of the dream next to the real one, and the lowest
+continue probability along the dream. The critic learns only from such dreams, so a termination
+that the dream does not reach (a continue probability above 0.5 throughout) is one that the
+values do not foresee. A last line summarises the episodes.
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from rllib_dreamerv3.export import MODULE_PATH  # noqa: E402
+from rllib_dreamerv3.rl_module import DreamerV3RLModule  # noqa: E402
+
+X_LIMIT = 2.4  # CartPole-v1 terminates past these (gymnasium's CartPoleEnv thresholds)
+ANGLE_LIMIT = 12 * 2 * np.pi / 360
+
+
+def play(model, env, seed, explore, policy_seed):
+    """One episode. Returns (length, cause, final obs, the posterior carry of every step)."""
+    obs, _ = env.reset(seed=seed)
+    carry, is_first, carries = model.initial_carry(1), True, []
+    for t in range(10**6):
+        action, carry = model.policy_step(
+            carry,
+            tf.constant(obs[None], tf.float32),
+            tf.constant([is_first]),
+            tf.constant([policy_seed, t], tf.int32),
+            explore,
+        )
+        carries.append(carry)
+        obs, _, terminated, truncated, _ = env.step(int(np.argmax(action[0])))
+        is_first = False
+        if terminated or truncated:
+            break
+    if not terminated:
+        cause = "truncated"
+    else:
+        cause = "cart" if abs(obs[0]) > X_LIMIT else "pole"
+    return t + 1, cause, obs, carries
+
+
+def dream(model, carry, steps):
+    """Greedy imagination from `carry`: (decoded cart position at the end, lowest continue
+    probability along the dream)."""
+    wm, actor = model.world_model, model.actor
+    h, z, _ = carry
+    lowest = 1.0
+    for k in range(steps):
+        action = actor.mode(actor.dist(tf.concat([h, z], -1)))
+        h, z = wm.imagine_step(h, z, action, tf.constant([0, k], tf.int32))
+        feat = tf.concat([h, z], -1)
+        lowest = min(lowest, float(tf.sigmoid(wm.continue_logit(feat))[0]))
+    return float(wm.decoder.predict(feat)[0, 0]), lowest
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--explore", action="store_true", help="sample actions (default: greedy)")
+    parser.add_argument("--seed", type=int, default=1000, help="env seed of the first episode")
+    parser.add_argument("--imagine", type=int, default=15, help="dream length before the end")
+    args = parser.parse_args()
+    module_path = os.path.join(args.checkpoint, MODULE_PATH)
+    if not os.path.isdir(module_path):
+        raise SystemExit(
+            f"No RLModule under {module_path!r}: give the directory of `algo.save_to_path()`."
+        )
+    module = DreamerV3RLModule.from_checkpoint(os.path.abspath(module_path))
+    env = gym.make("CartPole-v1")
+    if module.observation_space.shape != env.observation_space.shape:
+        raise SystemExit(f"{args.checkpoint!r} is not a CartPole-v1 checkpoint.")
+    model = module.model
+    lengths, causes = [], []
+    for i in range(args.episodes):
+        length, cause, obs, carries = play(model, env, args.seed + i, args.explore, i)
+        line = {
+            "episode": i,
+            "length": length,
+            "cause": cause,
+            "final_x": round(float(obs[0]), 3),
+            "final_angle": round(float(obs[2]), 3),
+        }
+        if cause != "truncated" and length >= args.imagine:
+            # carries[j] has seen the observation before step j; the final one is `length`.
+            dreamed_x, lowest_continue = dream(model, carries[-args.imagine], args.imagine)
+            line["dreamed_final_x"] = round(dreamed_x, 3)
+            line["dream_lowest_continue"] = round(lowest_continue, 3)
+        print(json.dumps(line), flush=True)
+        lengths.append(length)
+        causes.append(cause)
+    summary = {c: causes.count(c) for c in ("cart", "pole", "truncated")}
+    print(
+        json.dumps(
+            {
+                "checkpoint": args.checkpoint,
+                "explore": args.explore,
+                "mean_length": float(np.mean(lengths)),
+                **summary,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
