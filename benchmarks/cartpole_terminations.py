@@ -30,9 +30,6 @@ import tensorflow as tf  # noqa: E402
 from rllib_dreamerv3.export import MODULE_PATH  # noqa: E402
 from rllib_dreamerv3.rl_module import DreamerV3RLModule  # noqa: E402
 
-X_LIMIT = 2.4  # CartPole-v1 terminates past these (gymnasium's CartPoleEnv thresholds)
-ANGLE_LIMIT = 12 * 2 * np.pi / 360
-
 
 def play(model, env, seed, explore, policy_seed):
     """One episode. Returns (length, cause, final obs, the posterior carry of every step)."""
@@ -54,7 +51,8 @@ def play(model, env, seed, explore, policy_seed):
     if not terminated:
         cause = "truncated"
     else:
-        cause = "cart" if abs(obs[0]) > X_LIMIT else "pole"
+        # past the env's own cart threshold; otherwise the pole passed its angle threshold
+        cause = "cart" if abs(obs[0]) > env.unwrapped.x_threshold else "pole"
     return t + 1, cause, obs, carries
 
 

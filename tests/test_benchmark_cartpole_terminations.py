@@ -35,17 +35,18 @@ class RulePolicy:
     ],
 )
 def test_play_names_the_cause_from_the_final_state(rule, cause):
-    length, found, obs, carries = cartpole_terminations.play(
-        RulePolicy(rule), gym.make("CartPole-v1"), 0, False, 0
-    )
+    env = gym.make("CartPole-v1")
+    length, found, obs, carries = cartpole_terminations.play(RulePolicy(rule), env, 0, False, 0)
     assert found == cause
     assert len(carries) == length
     if cause == "truncated":
         assert length == 500
     else:
         assert length < 500
-        assert (abs(obs[0]) > 2.4) == (cause == "cart")
-        assert (abs(obs[2]) > 12 * 2 * np.pi / 360) == (cause == "pole")
+        x_limit, angle_limit = env.unwrapped.x_threshold, env.unwrapped.theta_threshold_radians
+        assert x_limit == 2.4 and np.isclose(angle_limit, 12 * 2 * np.pi / 360)
+        assert (abs(obs[0]) > x_limit) == (cause == "cart")
+        assert (abs(obs[2]) > angle_limit) == (cause == "pole")
 
 
 def test_a_directory_without_a_module_is_a_clear_error(tmp_path, monkeypatch):
