@@ -11,11 +11,25 @@ taken after seeing it (zeros on an episode's last step), the reward received on 
 it, and the flags. Dict observations are a dict `{key: array}`; each entry is stored in its own
 array (field `obs/<key>`), in its own dtype (images stay uint8). FIFO eviction only ever removes
 the oldest step of a stream, so every stream's stored steps stay a contiguous suffix.
+
+On disk (:meth:`ReplayBuffer.save_files`), the storage is cut into fixed chunks of slots. A chunk
+whose slots have all been written since the cursor last entered it never changes again until
+the cursor comes back: it is written once, under a name that says which writes it holds, and
+later saves hard-link that file instead of writing it again. Only the chunk under the cursor is
+written at every save. `next_slot` is not saved: it follows from each slot's stream and index.
 """
+
+import io
+import os
+import pickle
+import shutil
 
 import numpy as np
 
 FIELDS = ("obs", "actions", "rewards", "is_first", "is_terminal")
+FILES_VERSION = 1
+STATE_FILE = "state.pkl"
+CHUNK_BYTES = 8 << 20  # target size of one chunk file
 
 
 def obs_fields(obs_shape, obs_dtype):
@@ -43,9 +57,14 @@ class ReplayBuffer:
             observations.
         action_dim: width of the stored action vectors (one-hot for discrete actions).
         seed: seed of the sampling RNG.
+        directory: None to store the steps in RAM; else a directory for one memory-mapped
+            `.npy` file per field (created, and deleted by :meth:`close`): only the bookkeeping
+            (three integers a step) stays in RAM, the OS pages the steps in and out.
     """
 
-    def __init__(self, capacity, batch_length, obs_shape, obs_dtype, action_dim, seed=None):
+    def __init__(
+        self, capacity, batch_length, obs_shape, obs_dtype, action_dim, seed=None, directory=None
+    ):
         if capacity < batch_length:
             raise ValueError(
                 f"replay capacity={capacity} is smaller than batch_length_T={batch_length}; "
@@ -54,15 +73,19 @@ class ReplayBuffer:
         self.capacity = int(capacity)
         self.batch_length = int(batch_length)
         self._dict_obs = isinstance(obs_shape, dict)
+        self.directory = directory
+        fields = {
+            **obs_fields(obs_shape, obs_dtype),
+            "actions": ((action_dim,), np.dtype(np.float32)),
+            "rewards": ((), np.dtype(np.float32)),
+            "is_first": ((), np.dtype(bool)),
+            "is_terminal": ((), np.dtype(bool)),
+        }
+        if directory is not None:
+            os.makedirs(directory, exist_ok=True)
         self._data = {
-            **{
-                field: np.zeros((self.capacity, *shape), dtype)
-                for field, (shape, dtype) in obs_fields(obs_shape, obs_dtype).items()
-            },
-            "actions": np.zeros((self.capacity, action_dim), np.float32),
-            "rewards": np.zeros(self.capacity, np.float32),
-            "is_first": np.zeros(self.capacity, bool),
-            "is_terminal": np.zeros(self.capacity, bool),
+            field: self._allocate(field, (self.capacity, *shape), dtype)
+            for field, (shape, dtype) in fields.items()
         }
         self.bytes_per_step = bytes_per_step(obs_shape, obs_dtype, action_dim)
         self._stream = np.full(self.capacity, -1, np.int64)  # stream id per slot, -1 = empty
@@ -75,7 +98,24 @@ class ReplayBuffer:
         self._cursor = 0  # next slot to write
         self._size = 0
         self._added = 0
+        self._writes = 0  # slots written over the lifetime (cursor = writes % capacity)
         self._rng = np.random.default_rng(seed)
+
+    def _allocate(self, field, shape, dtype):
+        """Zeros in RAM, or a memory-mapped file in `directory` (sparse: it takes disk space
+        only where steps were written)."""
+        if self.directory is None:
+            return np.zeros(shape, dtype)
+        file = os.path.join(self.directory, field.replace("/", "__") + ".npy")
+        return np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=shape)
+
+    def close(self):
+        """Delete the memory-mapped files of a disk buffer (nothing for a RAM buffer). The
+        buffer is unusable afterwards."""
+        if self.directory is None:
+            return
+        self._data = {}
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def __len__(self):
         return self._size
@@ -155,6 +195,7 @@ class ReplayBuffer:
         self._cursor = int((self._cursor + keep) % self.capacity)
         self._size = min(self._size + keep, self.capacity)
         self._added += n
+        self._writes += keep
 
     def _valid(self, slots):
         """Whether a full T-step sequence of the same stream starts at each of `slots`."""
@@ -277,4 +318,142 @@ class ReplayBuffer:
         self._first = np.array(state["first"])
         self._last_slot = np.array(state["last_slot"])
         self._cursor, self._size, self._added = state["cursor"], size, state["added"]
+        # States of older versions lack the write count: any value congruent to the cursor
+        # names the chunks consistently from here on.
+        self._writes = state.get("writes", size if size < self.capacity else size + self._cursor)
         self._rng.bit_generator.state = state["rng"]
+
+    # --- files: chunked, each full chunk written once ------------------------------------------
+    @property
+    def chunk_steps(self):
+        """Slots per chunk file: about `CHUNK_BYTES` of stored steps, at most the capacity."""
+        return int(min(self.capacity, max(1, CHUNK_BYTES // self.bytes_per_step)))
+
+    def _chunks(self):
+        """`[(name, slots)]` of the chunks that hold stored steps. A chunk's name is the write
+        count at which its first slot was last written, so a name stands for fixed contents
+        once the chunk is full; the chunk under the cursor is named `open` (it still changes)."""
+        size, step, writes = self._size, self.chunk_steps, self._writes
+        chunks = []
+        for begin in range(0, size, step):
+            end = min(begin + step, self.capacity)
+            if end > size or (begin < self._cursor < end and size == self.capacity):
+                chunks.append(("open", slice(begin, min(end, size))))
+                continue
+            # The last write of slot `begin`: the largest write count w < writes with
+            # w % capacity == begin.
+            first_write = begin + (writes - 1 - begin) // self.capacity * self.capacity
+            chunks.append((f"{first_write:014d}", slice(begin, end)))
+        return chunks
+
+    def save_files(self, directory, reuse=None):
+        """Write the buffer into `directory` (created): `state.pkl` and one `.npz` per chunk.
+
+        `reuse` maps file names to files of an earlier save (`{name: path}`): a full chunk whose
+        name is there is hard-linked from it (copied across filesystems) instead of written.
+        Returns `{name: (path, bytes or None)}` of the files now in `directory`: bytes for
+        the files written (for checksums), None for linked ones.
+        """
+        os.makedirs(directory, exist_ok=True)
+        reuse = reuse or {}
+        written, chunk_names = {}, []
+        for name, slots in self._chunks():
+            file = f"chunk_{name}.npz"
+            chunk_names.append((file, slots.start, slots.stop))
+            target = os.path.join(directory, file)
+            if name != "open" and file in reuse and _link(reuse[file], target):
+                written[file] = (target, None)
+                continue
+            arrays = {key: value[slots] for key, value in self._data.items()}
+            arrays.update(stream=self._stream[slots], index=self._index[slots])
+            written[file] = (target, _write(target, _npz_bytes(arrays)))
+        state = {
+            "version": FILES_VERSION,
+            "spec": self.spec,
+            "chunks": chunk_names,
+            "stream_ids": dict(self._stream_ids),
+            "length": self._length,
+            "first": self._first,
+            "last_slot": self._last_slot,
+            "cursor": self._cursor,
+            "size": self._size,
+            "added": self._added,
+            "writes": self._writes,
+            "rng": self._rng.bit_generator.state,
+        }
+        target = os.path.join(directory, STATE_FILE)
+        written[STATE_FILE] = (target, _write(target, pickle.dumps(state)))
+        return written
+
+    def load_files(self, read):
+        """Fill this new buffer from the files of :meth:`save_files`; `read(name)` returns the
+        bytes of a file (checked by the caller). Every file is read once, straight into the
+        buffer's arrays. A ValueError names a file that does not fit; the buffer is then partly
+        filled and must be discarded (restore into a new buffer, keep the old one until done).
+        """
+        state = pickle.loads(read(STATE_FILE))
+        if state.get("version") != FILES_VERSION:
+            raise ValueError(
+                f"Replay files of version {state.get('version')!r}; this version reads "
+                f"{FILES_VERSION}."
+            )
+        if state["spec"] != self.spec:
+            raise ValueError(
+                f"Replay files hold a buffer {state['spec']}, this buffer is {self.spec}: "
+                "restore with the same replay_capacity, env and action space."
+            )
+        own = {**self._data, "stream": self._stream, "index": self._index}
+        for file, begin, end in state["chunks"]:
+            with np.load(io.BytesIO(read(file))) as arrays:
+                for key, out in own.items():
+                    if arrays[key].shape != (end - begin, *out.shape[1:]):
+                        raise ValueError(
+                            f"{file}: {key!r} has shape {arrays[key].shape}, the buffer's state "
+                            f"expects {(end - begin, *out.shape[1:])}: the replay files do not "
+                            "fit together."
+                        )
+                    out[begin:end] = arrays[key]
+        size = state["size"]
+        self._next_slot[:size] = _next_slots(self._stream[:size], self._index[:size])
+        self._stream_ids = dict(state["stream_ids"])
+        self._length = np.array(state["length"])
+        self._first = np.array(state["first"])
+        self._last_slot = np.array(state["last_slot"])
+        self._cursor, self._size, self._added = state["cursor"], size, state["added"]
+        self._writes = state["writes"]
+        self._rng.bit_generator.state = state["rng"]
+
+
+def _next_slots(stream, index):
+    """For each slot, the slot holding the next step of its stream (0 where none is stored)."""
+    order = np.lexsort((index, stream))
+    nxt = np.zeros(len(stream), np.int64)
+    follows = (np.diff(stream[order]) == 0) & (np.diff(index[order]) == 1)
+    nxt[order[:-1][follows]] = order[1:][follows]
+    return nxt
+
+
+def _npz_bytes(arrays):
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
+
+
+def _link(source, target):
+    """Hard-link `source` as `target`, or copy it across filesystems; False if it is gone."""
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        return False
+    except OSError:  # another filesystem, or links not supported
+        try:
+            shutil.copyfile(source, target)
+        except FileNotFoundError:
+            return False
+    return True
