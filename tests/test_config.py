@@ -1,6 +1,10 @@
 """DreamerV3Config: the paper's defaults, and a clear early error for every bad value."""
 
+import inspect
+import math
+import numbers
 import re
+import typing
 
 import gymnasium as gym
 import numpy as np
@@ -9,6 +13,7 @@ from ray.tune.registry import register_env
 
 from rllib_dreamerv3 import DreamerV3Config
 from rllib_dreamerv3.config import HYPERPARAMETERS
+from rllib_dreamerv3.validation import RULES, numeric_errors
 
 
 def test_paper_defaults():
@@ -87,6 +92,111 @@ def test_training_sets_every_hyperparameter_and_round_trips_through_dict():
 def test_bad_values_are_named(key, value, message):
     config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
     with pytest.raises(ValueError, match=re.escape(message)):
+        config.validate()
+
+
+def _numeric_hyperparameters():
+    """The keys of HYPERPARAMETERS whose default or `training()` type is an int or a float."""
+    params = inspect.signature(DreamerV3Config.training).parameters
+
+    def numeric(name):
+        annotation = params[name].annotation if name in params else None
+        default = HYPERPARAMETERS[name][0]
+        typed = any(t in (int, float) for t in typing.get_args(annotation) or (annotation,))
+        return typed or (isinstance(default, numbers.Real) and not isinstance(default, bool))
+
+    return [name for name in HYPERPARAMETERS if numeric(name)]
+
+
+# A value just outside each numeric hyperparameter's range (one per key: a new numeric
+# hyperparameter needs one here, and a rule in rllib_dreamerv3/validation.py).
+OUT_OF_RANGE = {
+    "training_ratio": 0,
+    "batch_size_B": 0,
+    "batch_length_T": 1,
+    "horizon_H": 0,
+    "gamma": 0.0,
+    "gae_lambda": 1.5,
+    "entropy_scale": -1e-4,
+    "return_normalization_decay": 1.0,
+    "world_model_lr": 0.0,
+    "actor_lr": -3e-5,
+    "critic_lr": 0.0,
+    "world_model_adam_eps": 0.0,
+    "actor_adam_eps": -1e-5,
+    "critic_adam_eps": 0.0,
+    "world_model_grad_clip": 0.0,
+    "actor_grad_clip": -1.0,
+    "critic_grad_clip": 0.0,
+    "free_bits": -0.5,
+    "pred_loss_scale": -1.0,
+    "dyn_loss_scale": -0.5,
+    "rep_loss_scale": -0.1,
+    "critic_ema_rate": 0.0,
+    "critic_ema_regularizer": -1.0,
+    "unimix": 1.0,
+    "num_bins": 1,  # two-hot needs two bins
+    "cnn_kernel": 0,
+    "vector_mlp_units": 0,
+    "vector_mlp_layers": -1,
+    "actor_min_std": -0.1,
+    "actor_max_std": 0.0,
+    "replay_capacity": 0,
+    "num_steps_sampled_before_learning_starts": -1,
+    "checkpoint_interval_s": -1.0,
+    "sync_weights_every_n_updates": 0,
+    "dream_every_n_updates": -1,
+    "dream_burn_in": 0,
+    "dream_num_sequences": 0,
+    "learner_peer_timeout_s": 0.0,
+    "tf_num_threads": 0,
+    "max_skipped_updates_in_a_row": -1,
+}
+
+
+@pytest.mark.parametrize("kind", ["inf", "nan", "out_of_range"])
+@pytest.mark.parametrize("key", [*_numeric_hyperparameters(), "gamma"])
+def test_every_numeric_hyperparameter_rejects_inf_nan_and_out_of_range(key, kind):
+    value = {"inf": math.inf, "nan": math.nan}.get(kind, OUT_OF_RANGE.get(key))
+    assert kind != "out_of_range" or key in OUT_OF_RANGE, f"add {key} to OUT_OF_RANGE"
+    config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
+    with pytest.raises(ValueError, match=rf"^{re.escape(f'{key}={value!r} must ')}"):
+        config.validate()
+
+
+def test_every_numeric_hyperparameter_has_a_rule():
+    numeric = _numeric_hyperparameters()
+    assert {"critic_lr", "num_bins", "vector_mlp_units", "tf_num_threads"} <= set(numeric)
+    missing = [name for name in numeric if name not in RULES]
+    assert not missing, f"add a rule for {missing} to RULES in rllib_dreamerv3/validation.py"
+    assert set(RULES) <= {*HYPERPARAMETERS, "gamma"}, "a rule for an unknown key"
+    assert list(numeric_errors(DreamerV3Config().hyperparameters)) == []  # the defaults pass
+
+
+def test_numeric_bounds_none_and_numpy_values_are_accepted():
+    DreamerV3Config().environment("CartPole-v1").training(
+        gae_lambda=1.0,
+        unimix=0.0,
+        return_normalization_decay=0.0,
+        critic_ema_rate=1.0,
+        free_bits=0,
+        entropy_scale=0.0,
+        num_bins=2,
+        critic_lr=np.float32(1e-4),
+        batch_size_B=np.int64(8),
+        num_steps_sampled_before_learning_starts=0,
+        dream_every_n_updates=0,
+        vector_mlp_units=None,
+        tf_num_threads=None,
+    ).validate()
+
+
+@pytest.mark.parametrize(
+    "key,value", [("critic_lr", True), ("batch_size_B", 8.0), ("free_bits", "1.0")]
+)
+def test_numeric_hyperparameters_reject_other_types(key, value):
+    config = DreamerV3Config().environment("CartPole-v1").training(**{key: value})
+    with pytest.raises(ValueError, match=re.escape(f"{key}={value!r} must be")):
         config.validate()
 
 
