@@ -5,9 +5,11 @@ import numpy as np
 import tensorflow as tf
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_dreamerv3 import interrupts
 from rllib_dreamerv3.dreams import dream_summaries, make_dream_fn
 from rllib_dreamerv3.spaces import action_dim
 from rllib_dreamerv3.tf_rllib import TfLearner, make_adam
+from rllib_dreamerv3.tf_rllib.custom_gradients import release_custom_gradients
 from rllib_dreamerv3.update import ACTOR, CRITIC, WORLD_MODEL, batch_signature, make_update_fn
 
 # What a collective raises when a peer is gone: its timeout, or a connection error.
@@ -127,20 +129,28 @@ class DreamerV3Learner(TfLearner):
                 cfg.dream_burn_in,
                 min(cfg.dream_num_sequences, cfg.batch_size_B),
                 jit_compile=cfg.jit_compile,
-            )
-        out = self._dream_fn(*self._inputs(batch))
+            ).get_concrete_function()
+            release_custom_gradients(self._dream_fn.graph)  # see `_update`
+        # Its calls are rare and the first one compiles: Ctrl-C must not wait for that.
+        out = interrupts.call(self._dream_fn, *self._inputs(batch))
         return dream_summaries(tf.nest.map_structure(np.asarray, out), cfg.dream_burn_in)
 
     def _update(self, batch, **kwargs):
         inputs, seed = self._inputs(batch[DEFAULT_MODULE_ID])
+        # The first call compiles the update with XLA: made so that Ctrl-C need not wait for it
+        # (see rllib_dreamerv3.interrupts); later calls wait for an interrupted first one.
+        call = interrupts.call if self._update_call is None else interrupts.call_directly
         if self._update_call is None:
             self._update_call = self._update_fn.get_concrete_function()
+            # The trace's custom gradients are built; unregistered, its graph is freed with
+            # this Learner (see `tf_rllib.custom_gradients`).
+            release_custom_gradients(self._update_call.graph)
         # The concrete function skips `tf.function`'s per-call work: binding the Python arguments
         # to the signature and looking the trace up in its cache. That work does not grow with the
         # model, so it matters most for small models, where the compiled update itself is short.
         # The input signature is fixed, so this concrete function is the one and only trace.
         try:
-            metrics = self._update_call(inputs, seed)
+            metrics = call(self._update_call, inputs, seed)
         except _COLLECTIVE_ERRORS as error:
             if self.collective is None:
                 raise
@@ -188,12 +198,14 @@ class DreamerV3Learner(TfLearner):
         raise NotImplementedError("DreamerV3Learner computes its losses inside `_update`.")
 
     def get_state(self, *args, **kwargs):
+        interrupts.wait_for_abandoned()  # an interrupted update still writing the weights
         state = super().get_state(*args, **kwargs)
         state["seed_rng"] = self._seed_rng.bit_generator.state
         state["skipped_updates"] = (self._skipped_in_a_row, self._skipped_total)
         return state
 
     def set_state(self, state):
+        interrupts.wait_for_abandoned()
         super().set_state(state)
         if "seed_rng" in state:
             self._seed_rng.bit_generator.state = state["seed_rng"]

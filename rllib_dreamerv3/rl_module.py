@@ -4,11 +4,13 @@ import numpy as np
 import tensorflow as tf
 from ray.rllib.core.columns import Columns
 
+from rllib_dreamerv3 import interrupts
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import get_model_size
 from rllib_dreamerv3.networks import set_matmul_dtype
 from rllib_dreamerv3.spaces import ObsFormat, action_dim, check_spaces, env_action, is_discrete
 from rllib_dreamerv3.tf_rllib import TfRLModule
+from rllib_dreamerv3.tf_rllib.custom_gradients import release_custom_gradients
 
 IS_FIRST = "is_first"
 
@@ -123,10 +125,13 @@ class DreamerV3RLModule(TfRLModule):
         # per-call argument matching, which costs about as much as a small policy step.
         key = (explore,) + tuple((tuple(a.shape), a.dtype) for a in tf.nest.flatten(args))
         fn = self._concrete_fns.get(key)
+        call = interrupts.call_directly
         if fn is None:
             fn = self.policy_fn(explore).get_concrete_function(*args)
+            release_custom_gradients(fn.graph)  # freed with this module: see that module
             self._concrete_fns[key] = fn
-        env_action, action, h, z = fn(*args)
+            call = interrupts.call  # the first call compiles: see rllib_dreamerv3.interrupts
+        env_action, action, h, z = call(fn, *args)
         return {
             Columns.ACTIONS: env_action,
             "actions_model": action,
