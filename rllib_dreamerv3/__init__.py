@@ -45,10 +45,14 @@ from rllib_dreamerv3.dmc import keep_opengl_out_of_this_process  # noqa: E402
 
 keep_opengl_out_of_this_process()
 
+from rllib_dreamerv3 import checkpoints  # noqa: E402
 from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior  # noqa: E402
+from rllib_dreamerv3.tf_rllib.compat import register_restore_check  # noqa: E402
 
 ensure_tf2_behavior()
 apply_ray_patches()
+# Every way RLlib restores a checkpoint checks ours first (checksums, interrupted saves).
+register_restore_check(checkpoints.check_before_restore)
 
 from rllib_dreamerv3.algorithm import DreamerV3, DreamerV3Config  # noqa: E402
 from rllib_dreamerv3.export import export_policy  # noqa: E402

@@ -13,12 +13,13 @@ import inspect
 import logging
 import numbers
 import os
-import pathlib
+import shutil
 import tempfile
 import textwrap
 import time
 
 import numpy as np
+from ray.exceptions import ActorDiedError
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
@@ -40,6 +41,7 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_TRAINED_LIFETIME,
     REPLAY_BUFFER_RESULTS,
 )
+from ray.tune.result import SHOULD_CHECKPOINT
 from tqdm import tqdm
 
 from rllib_dreamerv3 import checkpoints
@@ -50,9 +52,14 @@ from rllib_dreamerv3.progress import PROGRESS_LOSSES, log_progress, summary
 from rllib_dreamerv3.replay_buffer import ReplayBuffer, bytes_per_step
 from rllib_dreamerv3.rl_module import DreamerV3RLModule
 from rllib_dreamerv3.spaces import ObsFormat, action_dim, check_spaces, is_image
+from rllib_dreamerv3.tf_rllib.tune_storage import save_in_place
+from rllib_dreamerv3.validation import numeric_errors
 
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
+NEXT_CHECKPOINT_S = "next_checkpoint_s"
+REPLAY_STORAGES = ("memory", "disk")
+REPLAY_DIR = checkpoints.REPLAY_DIR  # the replay buffer's files inside a checkpoint
 DREAMS = "dreams"
 logger = logging.getLogger(__name__)
 
@@ -106,11 +113,27 @@ HYPERPARAMETERS = {
     "actor_min_std": (0.1, "minimum std of the continuous actor"),
     "actor_max_std": (1.0, "maximum std of the continuous actor"),
     "replay_capacity": (1_000_000, "replay capacity in env steps (FIFO)"),
+    "replay_storage": (
+        "memory",
+        "where the replay buffer keeps its steps: 'memory' (RAM), or 'disk' (memory-mapped "
+        "files in replay_directory; only bookkeeping stays in RAM, for buffers larger than RAM)",
+    ),
+    "replay_directory": (
+        None,
+        "replay_storage='disk': the directory for the buffer's files (None: the trial's "
+        "directory under Ray Tune, else the system's temporary directory); deleted on stop()",
+    ),
     "num_steps_sampled_before_learning_starts": (
         1024,
         "warm-up env steps (random actions) before the first update",
     ),
     "store_replay_buffer_in_checkpoint": (True, "save the replay buffer with checkpoints"),
+    "checkpoint_interval_s": (
+        900.0,
+        "under Ray Tune (and `rllib train`), ask Tune for a checkpoint once this many seconds "
+        "passed since the last one, so a killed run loses at most this much (0: only Tune's "
+        "own checkpoint_config)",
+    ),
     "sync_weights_every_n_updates": (
         1,
         "send the Learner's weights to the EnvRunners every N updates (1: act with the "
@@ -169,49 +192,10 @@ HYPERPARAMETERS = {
     ),
 }
 
-_POSITIVE_INTS = (
-    "training_ratio",
-    "sync_weights_every_n_updates",
-    "batch_size_B",
-    "horizon_H",
-    "replay_capacity",
-    "num_bins",
-    "cnn_kernel",
-)
-_POSITIVE_FLOATS = (
-    "world_model_lr",
-    "actor_lr",
-    "critic_lr",
-    "world_model_adam_eps",
-    "actor_adam_eps",
-    "critic_adam_eps",
-    "world_model_grad_clip",
-    "actor_grad_clip",
-    "critic_grad_clip",
-    "actor_max_std",
-    "learner_peer_timeout_s",
-)
+# The numeric hyperparameters' types and ranges: `RULES` in rllib_dreamerv3/validation.py.
 PRECISIONS = ("float32", "bfloat16")
-_NON_NEGATIVE_INTS = ("dream_every_n_updates", "max_skipped_updates_in_a_row")
 NONFINITE_ENV_DATA = ("raise", "skip")
 _BOOLS = ("fast_kernels", "log_progress")
-_NON_NEGATIVE = (
-    "entropy_scale",
-    "free_bits",
-    "pred_loss_scale",
-    "dyn_loss_scale",
-    "rep_loss_scale",
-    "critic_ema_regularizer",
-    "actor_min_std",
-    "num_steps_sampled_before_learning_starts",
-)
-_UNIT_INTERVAL = {  # name -> (low, high, low inclusive, high inclusive)
-    "gamma": (0.0, 1.0, False, True),
-    "gae_lambda": (0.0, 1.0, True, True),
-    "return_normalization_decay": (0.0, 1.0, True, False),
-    "critic_ema_rate": (0.0, 1.0, False, True),
-    "unimix": (0.0, 1.0, True, False),
-}
 
 
 def _unknown_training_key(kwargs, rllib_training):
@@ -351,8 +335,11 @@ class DreamerV3Config(AlgorithmConfig):
         actor_min_std: float = NotProvided,
         actor_max_std: float = NotProvided,
         replay_capacity: int = NotProvided,
+        replay_storage: str = NotProvided,
+        replay_directory: str | None = NotProvided,
         num_steps_sampled_before_learning_starts: int = NotProvided,
         store_replay_buffer_in_checkpoint: bool = NotProvided,
+        checkpoint_interval_s: float = NotProvided,
         sync_weights_every_n_updates: int = NotProvided,
         dream_every_n_updates: int = NotProvided,
         dream_burn_in: int = NotProvided,
@@ -434,17 +421,9 @@ class DreamerV3Config(AlgorithmConfig):
             self._value_error(
                 f"Unknown model_size={self.model_size!r}; use one of {list(MODEL_SIZES)}."
             )
-        for name in _POSITIVE_INTS:
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-                self._value_error(f"{name}={value!r} must be a positive integer.")
-        for name in ("vector_mlp_units", "vector_mlp_layers"):
-            value = getattr(self, name)
-            integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            if value is not None and not (integer and value > 0):
-                self._value_error(
-                    f"{name}={value!r} must be a positive integer, or None for the model size's."
-                )
+        defaults = {name: default for name, (default, _) in HYPERPARAMETERS.items()}
+        for error in numeric_errors(self.hyperparameters, defaults):
+            self._value_error(error)  # type, finiteness and range: validation.RULES
         for name in ("encoder_keys", "decoder_keys"):
             value = getattr(self, name)
             keys = isinstance(value, (list, tuple)) and all(isinstance(k, str) for k in value)
@@ -453,10 +432,6 @@ class DreamerV3Config(AlgorithmConfig):
                     f"{name}={value!r} must be a regular expression (a str, matching whole keys) "
                     "or a non-empty list of observation keys."
                 )
-        for name in _NON_NEGATIVE_INTS:
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
-                self._value_error(f"{name}={value!r} must be an integer >= 0.")
         overlap = self.overlap_policy_and_envs
         if not (isinstance(overlap, bool) or (isinstance(overlap, str) and overlap == "auto")):
             self._value_error(f"overlap_policy_and_envs={overlap!r} must be 'auto', True or False.")
@@ -477,34 +452,21 @@ class DreamerV3Config(AlgorithmConfig):
                 self._value_error(f"{name}={value!r} must be True or False.")
         if self.precision not in PRECISIONS:
             self._value_error(f"precision={self.precision!r} must be one of {PRECISIONS}.")
-        if (
-            not isinstance(self.batch_length_T, numbers.Integral)
-            or isinstance(self.batch_length_T, bool)
-            or self.batch_length_T < 2
-        ):
+        self._validate_between_keys()
+        fragment = self.rollout_fragment_length
+        if fragment != "auto" and (not isinstance(fragment, numbers.Integral) or fragment <= 0):
             self._value_error(
-                f"batch_length_T={self.batch_length_T!r} must be an integer >= 2 "
-                "(the world model learns from transitions within sequences)."
+                f"rollout_fragment_length={fragment!r} must be 'auto' or a "
+                "positive integer (env steps per env per sample call)."
             )
+        self._validate_gpus()
+        if self.is_multi_agent:
+            self._value_error("DreamerV3 is single-agent; multi-agent configs are not supported.")
+
+    def _validate_between_keys(self):
+        """The checks that relate two values (each one's own range: `validation.RULES`)."""
         if self.dream_every_n_updates:
             self._validate_dream_values()
-        for name in _POSITIVE_FLOATS:
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or not value > 0:
-                self._value_error(f"{name}={value!r} must be a positive number.")
-        for name in _NON_NEGATIVE:
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or not value >= 0:
-                self._value_error(f"{name}={value!r} must be a number >= 0.")
-        for name, (low, high, low_in, high_in) in _UNIT_INTERVAL.items():
-            value = getattr(self, name)
-            ok = isinstance(value, numbers.Real) and (
-                (low <= value if low_in else low < value)
-                and (value <= high if high_in else value < high)
-            )
-            if not ok:
-                interval = f"{'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
-                self._value_error(f"{name}={value!r} must lie in {interval}.")
         if self.actor_min_std >= self.actor_max_std:
             self._value_error(
                 f"actor_min_std={self.actor_min_std} must be smaller than "
@@ -515,21 +477,12 @@ class DreamerV3Config(AlgorithmConfig):
                 f"replay_capacity={self.replay_capacity} must hold at least one "
                 f"sequence of batch_length_T={self.batch_length_T} steps."
             )
-        fragment = self.rollout_fragment_length
-        if fragment != "auto" and (not isinstance(fragment, numbers.Integral) or fragment <= 0):
-            self._value_error(
-                f"rollout_fragment_length={fragment!r} must be 'auto' or a "
-                "positive integer (env steps per env per sample call)."
-            )
         if self.num_learners > 1 and self.batch_size_B % self.num_learners:
             self._value_error(
                 f"batch_size_B={self.batch_size_B} must be a multiple of num_learners="
                 f"{self.num_learners}: each Learner updates on batch_size_B / num_learners of "
                 "its rows (batch_size_B is the total over all Learners)."
             )
-        self._validate_gpus()
-        if self.is_multi_agent:
-            self._value_error("DreamerV3 is single-agent; multi-agent configs are not supported.")
 
     def _validate_gpus(self):
         """`num_gpus_per_learner > 0` needs GPUs: those of the Ray cluster if Ray runs, else
@@ -555,9 +508,7 @@ class DreamerV3Config(AlgorithmConfig):
             )
 
     def _validate_dream_values(self):
-        sequences, burn_in = self.dream_num_sequences, self.dream_burn_in
-        if not (isinstance(sequences, numbers.Integral) and sequences >= 1):
-            self._value_error(f"dream_num_sequences={sequences!r} must be a positive integer.")
+        burn_in = self.dream_burn_in  # its type and >= 1: validation.RULES
         if not (isinstance(burn_in, numbers.Integral) and 1 <= burn_in < self.batch_length_T):
             self._value_error(
                 f"dream_burn_in={burn_in!r} must be an integer in "
@@ -595,16 +546,36 @@ class DreamerV3Config(AlgorithmConfig):
         self._validate_replay_memory(obs_space, act_space)
 
     def _validate_replay_memory(self, observation_space, action_space):
-        """A full replay buffer must fit into this machine's memory (images: ~12 kB a step)."""
+        """A full replay buffer must fit into this machine's memory (images: ~12 kB a step),
+        or with `replay_storage="disk"`, onto the free disk of its directory."""
+        if self.replay_storage not in REPLAY_STORAGES:
+            self._value_error(
+                f"replay_storage={self.replay_storage!r}; use one of {list(REPLAY_STORAGES)}."
+            )
         obs_format = ObsFormat(observation_space)
         per_step = bytes_per_step(obs_format.shape(), obs_format.dtype(), action_dim(action_space))
+        need = self.replay_capacity * per_step
+        if self.replay_storage == "disk":
+            where = self.replay_directory or tempfile.gettempdir()
+            while not os.path.isdir(where) and os.path.dirname(where) != where:
+                where = os.path.dirname(where)
+            free = shutil.disk_usage(where).free
+            if need > free:
+                self._value_error(
+                    f"replay_capacity={self.replay_capacity} steps of {per_step} bytes need "
+                    f"{need / 2**30:.1f} GiB on disk, more than the {free / 2**30:.1f} GiB free "
+                    f"at {where}; set replay_directory to a larger disk, or lower "
+                    f"replay_capacity to {int(0.5 * free / per_step)} steps."
+                )
+            return
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if self.replay_capacity * per_step > memory:
+        if need > memory:
             self._value_error(
                 f"replay_capacity={self.replay_capacity} steps of {per_step} bytes need "
-                f"{self.replay_capacity * per_step / 2**30:.1f} GiB, more than this machine's "
-                f"{memory / 2**30:.1f} GiB of memory; lower replay_capacity, e.g. to "
-                f"{int(0.5 * memory / per_step)} steps (half the memory)."
+                f"{need / 2**30:.1f} GiB, more than this machine's "
+                f"{memory / 2**30:.1f} GiB of memory; set replay_storage='disk' (memory-mapped "
+                f"files), or lower replay_capacity, e.g. to {int(0.5 * memory / per_step)} "
+                "steps (half the memory)."
             )
 
     @property
@@ -697,6 +668,8 @@ class DreamerV3(Algorithm):
 
     def cleanup(self):
         super().cleanup()
+        if getattr(self, "replay_buffer", None) is not None:
+            self.replay_buffer.close()  # a disk buffer's files are scratch, not a checkpoint
         # Release the stopped groups now (their last references). Kept, they would be freed
         # whenever this object is, which for a Tune trial actor can be while Ray terminates the
         # process right after `stop()` (SIGTERM, raised as `SystemExit`): an interrupted
@@ -713,16 +686,12 @@ class DreamerV3(Algorithm):
     def setup(self, config):
         super().setup(config)
         cfg = self.config
-        obs_space, act_space = self.spaces[INPUT_ENV_SINGLE_SPACES]
-        obs_format = ObsFormat(obs_space)
-        self.replay_buffer = ReplayBuffer(
-            cfg.replay_capacity,
-            cfg.batch_length_T,
-            obs_format.shape(),
-            obs_format.dtype(),
-            action_dim(act_space),
-            seed=cfg.seed,
-        )
+        obs_space, _ = self.spaces[INPUT_ENV_SINGLE_SPACES]
+        self.replay_buffer = self._new_replay_buffer()
+        # `{name: (path, manifest entry)}` of the replay files of the last checkpoint saved or
+        # restored: the next save links the unchanged ones.
+        self._replay_files = {}
+        self._last_checkpoint_time = time.monotonic()
         # Ray's own counters (a defaultdict) live in the same dict: add to it, don't replace it.
         self._counters.update(num_updates=0, env_steps_at_learning_start=None)
         self._dreams = None  # the latest dream summaries, until `step` reports them
@@ -740,6 +709,26 @@ class DreamerV3(Algorithm):
                 "dreams off.",
                 cfg.dream_every_n_updates,
             )
+
+    def _new_replay_buffer(self):
+        cfg = self.config
+        obs_space, act_space = self.spaces[INPUT_ENV_SINGLE_SPACES]
+        obs_format = ObsFormat(obs_space)
+        directory = None
+        if cfg.replay_storage == "disk":
+            parent = cfg.replay_directory or (self.logdir if self._under_tune else None)
+            if parent is not None:
+                os.makedirs(parent, exist_ok=True)
+            directory = tempfile.mkdtemp(prefix="replay_storage-", dir=parent)
+        return ReplayBuffer(
+            cfg.replay_capacity,
+            cfg.batch_length_T,
+            obs_format.shape(),
+            obs_format.dtype(),
+            action_dim(act_space),
+            seed=cfg.seed,
+            directory=directory,
+        )
 
     def _share_learner_module(self):
         """With a local Learner, the local EnvRunner (in this process too) acts with the
@@ -798,35 +787,103 @@ class DreamerV3(Algorithm):
                 bar.update(min(per_round, num_timesteps))
                 num_timesteps -= per_round
 
+    def _env_runner_restart_limit_s(self):
+        """How long training waits without samples while failed EnvRunners are restarting:
+        `delay_between_env_runner_restarts_s` (a failed runner sleeps that long before its
+        process exits) + `env_runner_restore_timeout_s` (RLlib's time for bringing a recovered
+        runner back; here also its new process and env construction). Both are
+        `config.fault_tolerance(...)` settings (RLlib's defaults: 60 s + 1800 s)."""
+        cfg = self.config
+        return cfg.delay_between_env_runner_restarts_s + cfg.env_runner_restore_timeout_s
+
+    def _restarting_env_runners(self):
+        """IDs of the out-of-service remote EnvRunners that may still come back.
+
+        With `restart_failed_env_runners`, Ray restarts a failed EnvRunner actor (at most
+        `max_num_env_runner_restarts` times) and RLlib's actor manager, which marked it
+        unhealthy, pings it before every training step (`restore_env_runners`) and puts it
+        back into service once it answers. While Ray restarts it, a ping answers
+        `ActorUnavailableError` (or nothing in time, while the env is being constructed); an
+        actor that is dead for good (restarts used up, or its constructor raised on a restart:
+        Ray does not retry that) answers `ActorDiedError`. The manager keeps these pings'
+        errors to itself, so this pings the unhealthy runners once more, without marking any
+        healthy (that stays `restore_env_runners`' job, which also syncs their state).
+        """
+        if not self.config.restart_failed_env_runners:
+            return []
+        manager = self.env_runner_group._worker_manager
+        down = [i for i in manager.actor_ids() if not manager.is_actor_healthy(i)]
+        if not down:
+            return []
+        pings = manager.foreach_actor(
+            lambda runner: runner.ping(),
+            remote_actor_ids=down,
+            healthy_only=False,
+            timeout_seconds=self.config.env_runner_health_probe_timeout_s,
+        )
+        dead = {
+            ping.actor_id
+            for ping in pings
+            if not ping.ok and isinstance(ping.get(), ActorDiedError)
+        }
+        return [i for i in down if i not in dead]
+
     def _check_env_runners_sampled(self, results, remote):
         """Raise instead of looping forever when no remote EnvRunner returns samples.
 
-        Failed runners return nothing. Without restarts none comes back, so this raises at
-        once; with `restart_failed_env_runners`, RLlib restarts them before each training step,
-        and this raises once no sample arrived for `sample_timeout_s` (at least a minute).
+        Failed runners return nothing. While some of them are restarting (see
+        `_restarting_env_runners`), training waits for them, at most
+        `_env_runner_restart_limit_s()` from the first sample call that got nothing; with none
+        that can come back (no restarts, or all dead for good) this raises at once.
         """
         if results:
             self._no_samples_since = None
             return
         now = time.monotonic()
-        if self._no_samples_since is None:
+        first = self._no_samples_since is None
+        if first:
             self._no_samples_since = now
         cfg = self.config
         healthy = self.env_runner_group.num_healthy_remote_workers()
+        restarting = self._restarting_env_runners()
         waited = now - self._no_samples_since
-        limit = max(60.0, cfg.sample_timeout_s or 0.0)
-        if (healthy == 0 and not cfg.restart_failed_env_runners) or waited > limit:
-            since = f" for {waited:.0f} s" if waited >= 1 else ""
-            raise RuntimeError(
-                f"No EnvRunner returned samples{since}: {healthy} of {remote} "
-                f"remote EnvRunners are healthy, restart_failed_env_runners="
-                f"{cfg.restart_failed_env_runners}. Training cannot go on without samples. The "
-                "EnvRunners' errors (often the env raising, or running out of memory) are in "
-                "the log above; fix the cause and continue from the last checkpoint. "
-                "config.fault_tolerance(restart_failed_env_runners=True) (the default) "
-                "restarts failed EnvRunners, restart_failed_sub_environments=True restarts "
-                "just the failed env."
+        limit = self._env_runner_restart_limit_s()
+        settings = (
+            f"delay_between_env_runner_restarts_s={cfg.delay_between_env_runner_restarts_s} + "
+            f"env_runner_restore_timeout_s={cfg.env_runner_restore_timeout_s}"
+        )
+        if restarting and waited <= limit:
+            if first:
+                logger.warning(
+                    "No remote EnvRunner returned samples: waiting for Ray to restart EnvRunner(s) "
+                    "%s, at most %.0f s (%s, config.fault_tolerance settings).",
+                    restarting,
+                    limit,
+                    settings,
+                )
+            return
+        since = f" for {waited:.0f} s" if waited >= 1 else ""
+        if restarting:
+            why = (
+                f"EnvRunner(s) {restarting} did not come back from their restart within "
+                f"{limit:.0f} s ({settings}; config.fault_tolerance(...) sets both)."
             )
+        else:
+            why = (
+                f"none can come back (restart_failed_env_runners="
+                f"{cfg.restart_failed_env_runners}, max_num_env_runner_restarts="
+                f"{cfg.max_num_env_runner_restarts}; a runner whose construction fails on a "
+                "restart is not restarted again)."
+            )
+        raise RuntimeError(
+            f"No EnvRunner returned samples{since}: {healthy} of {remote} remote EnvRunners "
+            f"are healthy, and {why} Training cannot go on without samples. The EnvRunners' "
+            "errors (often the env raising, or running out of memory) are in the log above; "
+            "fix the cause and continue from the last checkpoint. "
+            "config.fault_tolerance(restart_failed_env_runners=True) (the default) restarts "
+            "failed EnvRunners, restart_failed_sub_environments=True restarts just the failed "
+            "env."
+        )
 
     def training_step(self):
         cfg = self.config
@@ -948,7 +1005,22 @@ class DreamerV3(Algorithm):
         if self._dreams is not None:
             results[DREAMS] = self._dreams
             self._dreams = None
+        self._checkpoint_on_the_clock(results)
         return {**summary(results), **results}
+
+    def _checkpoint_on_the_clock(self, results):
+        """Under Ray Tune, ask for a checkpoint (`should_checkpoint`) once
+        `checkpoint_interval_s` passed since the last save; report the seconds to the next one
+        (`next_checkpoint_s`, shown in the progress line)."""
+        interval = self.config.checkpoint_interval_s
+        if not interval or not self._under_tune:
+            return
+        due = self._last_checkpoint_time + interval - time.monotonic()
+        if due <= 0:
+            results[SHOULD_CHECKPOINT] = True
+            self._last_checkpoint_time = time.monotonic()  # the save resets it again
+            due = 0.0
+        results[NEXT_CHECKPOINT_S] = due
 
     def _smooth_episode_metrics(self, env_runner_results):
         """Set the episode return and length metrics (mean, min, max) to those of the latest
@@ -1045,52 +1117,124 @@ class DreamerV3(Algorithm):
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False):
         """RLlib's `save_to_path`; a local `path` is written crash-safely (a temporary sibling
         directory, a manifest of checksums, then a rename), so overwriting an existing
-        checkpoint never leaves a mix of two saves."""
-        if path is None or filesystem is not None or not checkpoints.is_local(path):
+        checkpoint never leaves a mix of two saves.
+
+        The replay buffer goes into `replay_buffer/` as chunk files (see
+        :meth:`ReplayBuffer.save_files`): a chunk that an earlier save of this algorithm wrote
+        and that has not changed since is hard-linked from there, not written again, so a save
+        costs the steps added since the last one. Each checkpoint directory stays complete on
+        its own (links are files; a copy of the directory restores anywhere).
+        """
+        local = path is not None and checkpoints.is_local(path, filesystem)
+        if not local:
             return super().save_to_path(
                 path, state=state, filesystem=filesystem, use_msgpack=use_msgpack
             )
-        return checkpoints.save_atomically(
-            path,
-            lambda tmp: super(DreamerV3, self).save_to_path(
-                tmp, state=state, use_msgpack=use_msgpack
-            ),
-            info=self._checkpoint_info(),
-        )
+        written = {}
+
+        def write(tmp):
+            super(DreamerV3, self).save_to_path(tmp, state=state, use_msgpack=use_msgpack)
+            if self.config.store_replay_buffer_in_checkpoint:
+                written.update(self._save_replay_files(tmp))
+            return {name: entry for name, (_, entry) in written.items()}
+
+        path = checkpoints.save_atomically(path, write, info=self._checkpoint_info())
+        self._replay_files = {
+            name: (os.path.join(path, name), entry) for name, (_, entry) in written.items()
+        }
+        self._last_checkpoint_time = time.monotonic()
+        return path
+
+    def _save_replay_files(self, directory):
+        """`{relative name: (path, manifest entry)}` of the replay files written or linked."""
+        reuse = {
+            name[len(REPLAY_DIR) + 1 :]: file for name, (file, _) in self._replay_files.items()
+        }
+        out = {}
+        for file, (target, data) in self.replay_buffer.save_files(
+            os.path.join(directory, REPLAY_DIR), reuse=reuse
+        ).items():
+            name = f"{REPLAY_DIR}/{file}"
+            entry = checkpoints.entry(data) if data is not None else self._replay_files[name][1]
+            out[name] = (target, entry)
+        return out
+
+    def save(self, checkpoint_dir=None):
+        """Ray Tune's save of a trial; see :func:`tf_rllib.tune_storage.save_in_place`."""
+        saved = save_in_place(self, checkpoint_dir)
+        return saved if saved is not None else super().save(checkpoint_dir)
 
     def restore_from_path(self, path, *, component=None, filesystem=None, **kwargs):
         """RLlib's `restore_from_path`, after checking a local checkpoint: every file against
         the manifest's checksums, and the replay buffer's shape against this algorithm's.
-        A failed check raises before anything is restored."""
-        if filesystem is None and checkpoints.is_local(path):
+        A failed check raises before anything is restored. The replay chunks are checked as
+        they are read into a new buffer, which replaces the old one once all else is restored.
+        """
+        replay = None
+        if checkpoints.is_local(path, filesystem):
+            path = os.fspath(path)
             checkpoints.recover_interrupted_save(path)
+            manifest = checkpoints.verify_for_restore(path)
             if component is None:
-                manifest = checkpoints.verify(path)
                 if manifest is not None:
                     self._check_checkpoint_info(path, manifest["info"])
-            elif checkpoints.read_manifest(path) is not None:
-                checkpoints.verify(path)
-        super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
+                if os.path.isdir(os.path.join(path, REPLAY_DIR)):
+                    replay = self._load_replay_files(path, manifest)
+        try:
+            super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
+        except BaseException:
+            if replay is not None:
+                replay[0].close()
+            raise
+        if replay is not None:
+            self.replay_buffer.close()
+            self.replay_buffer, self._replay_files = replay
+
+    def _load_replay_files(self, path, manifest):
+        buffer = self._new_replay_buffer()
+
+        def read(file):
+            return checkpoints.read_verified(path, f"{REPLAY_DIR}/{file}", manifest)
+
+        try:
+            buffer.load_files(read)
+        except BaseException as err:
+            buffer.close()
+            if not isinstance(err, ValueError) or isinstance(err, checkpoints.CheckpointError):
+                raise
+            raise checkpoints.CheckpointError(
+                f"Checkpoint {path}: its replay buffer cannot be restored ({err}). Nothing was "
+                "restored."
+            ) from None
+        files = {}
+        if manifest is not None:
+            files = {
+                name: (os.path.join(path, name), entry)
+                for name, entry in manifest["files"].items()
+                if name.startswith(REPLAY_DIR + "/")
+            }
+        return buffer, files
 
     @classmethod
     def from_checkpoint(cls, path, filesystem=None, **kwargs):
-        """RLlib's `from_checkpoint`; a local checkpoint's files are verified before the
-        algorithm is built (a damaged file is named in a `CheckpointError`)."""
-        if filesystem is None and checkpoints.is_local(path):
-            checkpoints.recover_interrupted_save(path)
-            if pathlib.Path(path).is_dir():
-                checkpoints.verify(path)
+        """RLlib's `from_checkpoint`; a local checkpoint is checked before the algorithm is
+        built (see :func:`checkpoints.check_before_restore`), and all its files as it is
+        restored (a damaged file is named in a `CheckpointError`)."""
+        if checkpoints.is_local(path, filesystem):
+            checkpoints.check_before_restore(path)
         return super().from_checkpoint(path, filesystem=filesystem, **kwargs)
 
     def get_state(self, components=None, *, not_components=None, **kwargs):
+        """RLlib's state plus DreamerV3's counters and episode window. The replay buffer is not
+        part of it: `save_to_path` writes it as files and `restore_from_path` reads them."""
         state = super().get_state(components, not_components=not_components, **kwargs)
         state["dreamer_counters"] = dict(self._counters)
         state["dreamer_recent_episodes"] = list(self._recent_episodes)
-        if self.config.store_replay_buffer_in_checkpoint:
-            state["replay_buffer"] = self.replay_buffer.get_state()
         return state
 
     def set_state(self, state):
+        """RLlib's `set_state`; also takes the `replay_buffer` state of older checkpoints, which
+        held the buffer in the state file."""
         if "replay_buffer" in state:  # checked before anything is written
             self.replay_buffer.check_state(state["replay_buffer"])
         super().set_state(state)

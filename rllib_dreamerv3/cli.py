@@ -41,6 +41,7 @@ from rllib_dreamerv3.export import (
     saved_model_bytes,
 )
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, progress_line
+from rllib_dreamerv3.progress import format_duration as progress_format_duration
 from rllib_dreamerv3.progress import format_number as fmt
 from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError
 
@@ -63,6 +64,8 @@ CHECKPOINT_CONFIG_KEYS = tuple(
     f.name for f in dataclasses.fields(tune.CheckpointConfig) if not f.name.startswith("_")
 )
 _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
+# Checkpoints kept per trial unless checkpoint_config says otherwise (Tune deletes older ones).
+DEFAULT_NUM_TO_KEEP = 3
 
 
 class CliError(Exception):
@@ -322,9 +325,12 @@ def apply_overrides(experiments, args):
             if getattr(args, "checkpoint_at_end", None) is not None:
                 checkpoint_config["checkpoint_at_end"] = args.checkpoint_at_end
             checkpoint_config.setdefault("checkpoint_at_end", True)
+            checkpoint_config.setdefault("num_to_keep", DEFAULT_NUM_TO_KEEP)
             spec["checkpoint_config"] = checkpoint_config
         if getattr(args, "num_samples", None) is not None:
             spec["num_samples"] = args.num_samples
+        if getattr(args, "max_failures", None) is not None:
+            spec["max_failures"] = args.max_failures
         if getattr(args, "storage_path", None):
             spec["storage_path"] = args.storage_path
         out[name] = spec
@@ -351,10 +357,13 @@ def run_experiments(experiments, source, args):
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
     failed = False
+    resume = getattr(args, "resume", None)
     for experiment in todo:
         stopper, name = experiment.stopper, experiment.storage.experiment_dir_name
         path = experiment.storage.experiment_fs_path
+        _check_resume(name, path, resume, source)
         print(f"{name}: results in {path}; watch with: tensorboard --logdir {path}", flush=True)
+        print(f"{name}: {_checkpoint_plan(experiment)}", flush=True)
         if stopper is None:
             print(
                 f"{name}: no stop criterion, training runs until Ctrl-C (add "
@@ -367,15 +376,78 @@ def run_experiments(experiments, source, args):
             progress_reporter=status_table(experiment.spec["config"]),
             raise_on_failed_trial=False,
             callbacks=[ProgressLines(stopper and stopper.stop)],
+            resume_config=RESUME if resume else None,
         )
         if stopper is not None and stopper.problem:  # Tune stopped cleanly; say why, exit 2
             raise CliError(stopper.problem)
         ends = [_report_trial(trial) for trial in analysis.trials]
         if "interrupted" in ends:  # Tune handled Ctrl-C and returned: no further experiments
-            print(f"{name}: interrupted; results so far in {path}", file=sys.stderr)
+            print(
+                f"{name}: interrupted; results so far in {path}. Continue with the same "
+                "command and --resume.",
+                file=sys.stderr,
+            )
             return 130
         failed = failed or "failed" in ends
     return 1 if failed else 0
+
+
+# `--resume`: unfinished trials (a killed run leaves them RUNNING) and errored ones continue from
+# their latest checkpoint; finished ones are kept as they are.
+RESUME = tune.ResumeConfig(
+    unfinished=tune.ResumeConfig.ResumeType.RESUME,
+    errored=tune.ResumeConfig.ResumeType.RESUME,
+)
+
+
+def unfinished_trials(path):
+    """`[(trial id, status)]` of the trials of the experiment at `path` that did not finish
+    (Tune's experiment state; empty where there is none)."""
+    if not os.path.isdir(path) or not any(
+        f.startswith("experiment_state") for f in os.listdir(path)
+    ):
+        return []
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        trials = ExperimentAnalysis(path).trials
+    except Exception:  # noqa: BLE001 - an unreadable state: Tune itself says more on resume
+        return []
+    return [(t.trial_id, t.status) for t in trials if t.status != "TERMINATED"]
+
+
+def _check_resume(name, path, resume, source):
+    """`--resume` needs an experiment to continue; a run without it over unfinished trials is
+    refused with the command that continues them (`--no-resume` starts new trials beside)."""
+    if resume is False:
+        return
+    unfinished = unfinished_trials(path)
+    if resume and not os.path.isdir(path):
+        raise CliError(
+            f"{name}: --resume, but {path} holds no experiment to continue. Run without "
+            "--resume to start it (or give the --storage-path of the first run)."
+        )
+    if resume is None and unfinished:
+        trials = ", ".join(f"{trial} ({status})" for trial, status in unfinished[:5])
+        again = source if source.endswith((".yaml", ".yml")) else "..."
+        raise CliError(
+            f"{name}: {path} holds trials that did not finish: {trials}. Continue them from "
+            f"their latest checkpoints with `rllib train file {again} --resume` (same "
+            "options), or start new trials beside them with --no-resume."
+        )
+
+
+def _checkpoint_plan(experiment):
+    """One sentence on when this experiment checkpoints and how many checkpoints it keeps."""
+    config = experiment.spec["config"]
+    interval = _first_variant(config.get("checkpoint_interval_s", 900.0))
+    keep = experiment.checkpoint_config.num_to_keep
+    every = f"every {progress_format_duration(interval)} of training" if interval else "never"
+    kept = f"the last {keep} kept" if keep else "all kept"
+    return (
+        f"checkpoints {every} (checkpoint_interval_s) and at the end; {kept} "
+        "(checkpoint_config: {num_to_keep: N})."
+    )
 
 
 def status_table(param_space):
@@ -596,6 +668,19 @@ def _add_run_options(parser):
         type=int,
         metavar="N",
         help="trials per experiment (times each grid_search combination)",
+    )
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help="restart a crashed trial from its latest checkpoint up to N times (default: the "
+        "file's, or 0)",
+    )
+    parser.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        help="continue the experiment's unfinished trials from their latest checkpoints, in the "
+        "same experiment directory (--no-resume: start new trials beside them)",
     )
     parser.add_argument("--num-cpus", type=int, metavar="N", help="CPUs Ray may use (default: all)")
     parser.add_argument(

@@ -130,6 +130,11 @@ def progress_line(trial_name, result, stop=None):
     eta = eta_seconds(result, stop)
     if eta is not None:
         parts.append(f"ETA {format_duration(eta)}")
+    checkpoint = result.get("next_checkpoint_s")
+    if checkpoint is not None:
+        parts.append(
+            f"checkpoint {'now' if checkpoint <= 0 else 'in ' + format_duration(checkpoint)}"
+        )
     return " | ".join(parts)
 
 

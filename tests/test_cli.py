@@ -179,7 +179,11 @@ def test_command_line_overrides_of_a_file(captured_run, tmp_path):
     assert spec["run"] == "DreamerV3" and param_space["env"] == "Pendulum-v1"
     assert param_space["training_ratio"] == 64 and param_space["model_size"] == "nano"
     assert spec["stop"].stop == {"training_iteration": 7}  # replaces the file's
-    assert spec["checkpoint_config"] == {"checkpoint_frequency": 3, "checkpoint_at_end": True}
+    assert spec["checkpoint_config"] == {
+        "checkpoint_frequency": 3,
+        "checkpoint_at_end": True,
+        "num_to_keep": cli.DEFAULT_NUM_TO_KEEP,  # bounded disk use unless the file says more
+    }
     assert spec["num_samples"] == 2 and spec["storage_path"] == str(tmp_path / "out")
     # What Tune runs: `Experiment.from_json` of the spec.
     experiment = cli.make_experiment("tiny-cartpole", spec, "test")
@@ -212,7 +216,10 @@ def test_quick_train_without_a_file(captured_run):
         "batch_length_T": 8,
         "env": "CartPole-v1",
     }
-    assert spec["stop"] is None and spec["checkpoint_config"] == {"checkpoint_at_end": False}
+    assert spec["stop"] is None and spec["checkpoint_config"] == {
+        "checkpoint_at_end": False,
+        "num_to_keep": cli.DEFAULT_NUM_TO_KEEP,
+    }
 
 
 def test_missing_yaml(capsys, tmp_path):

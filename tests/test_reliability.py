@@ -12,7 +12,10 @@ import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
+import types
 
 import gymnasium as gym
 import helpers
@@ -446,6 +449,8 @@ def test_damaged_checkpoint_files_are_named_before_anything_is_restored(tmp_path
     [
         dict(restart_failed_env_runners=False),
         dict(restart_failed_env_runners=False, ignore_env_runner_failures=True),
+        # Restarts on but used up: the actor is dead for good, nothing to wait for.
+        dict(max_num_env_runner_restarts=0, delay_between_env_runner_restarts_s=0),
     ],
 )
 def test_train_raises_when_no_env_runner_is_left(fault_tolerance):
@@ -781,3 +786,217 @@ def test_training_keyword_typo_suggests_the_key_and_changes_nothing():
         config.training(gama=0.9)
     assert config.training(model_size="nano", gamma=0.9) is config
     assert (config.model_size, config.gamma) == ("nano", 0.9)
+
+
+# --- issue 41: an EnvRunner restart outlasts the wait for samples --------------------------------
+class SlowRestartEnv(CountingEnv):
+    """CountingEnv whose step `raise_at` raises once per run (the file `marker` remembers it);
+    after that, constructing the env takes `build_s` seconds, as a restarted EnvRunner's env."""
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.marker = pathlib.Path(self.config["marker"])
+        if self.marker.exists():
+            time.sleep(self.config["build_s"])
+            self.config["raise_at"] = None
+
+    def step(self, action):
+        if self.count + 1 == self.config["raise_at"]:
+            self.marker.touch()
+        return super().step(action)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_training_waits_for_a_restarting_env_runner_and_goes_on(tmp_path, monkeypatch):
+    marker = tmp_path / "raised"
+    config = (
+        tiny_config(SlowRestartEnv, jit_compile=False)  # no XLA compile: a shorter test
+        .environment(SlowRestartEnv, env_config=dict(raise_at=50, build_s=3, marker=str(marker)))
+        .env_runners(num_env_runners=1)
+        .fault_tolerance(delay_between_env_runner_restarts_s=1, env_runner_restore_timeout_s=300)
+    )
+    check = DreamerV3._check_env_runners_sampled
+
+    def check_after_a_long_outage(self, results, remote):
+        # As on a loaded machine, where the restart takes minutes: the runner has been out
+        # for 90 s already when the first sample call gets nothing. The check used to give up
+        # after max(60 s, sample_timeout_s) whatever Ray was doing; the limit is now 1 + 300 s.
+        if not results and self._no_samples_since is None:
+            self._no_samples_since = time.monotonic() - 90
+        return check(self, results, remote)
+
+    monkeypatch.setattr(DreamerV3, "_check_env_runners_sampled", check_after_a_long_outage)
+    algo = config.build_algo()
+    try:
+        sampled, updates, stored = [], [], []
+        for _ in range(8):  # step 50 raises in the third iteration, which waits for the restart
+            result = algo.train()
+            sampled.append(result["env_runners"]["num_env_steps_sampled_lifetime"])
+            updates.append(result["num_updates_lifetime"])
+            stored.append(result["replay_buffer"]["num_steps_added_lifetime"])
+            if algo.env_runner_group.num_remote_worker_restarts():
+                break
+        assert marker.exists(), "the env never raised"
+        assert algo.env_runner_group.num_remote_worker_restarts() == 1
+        assert algo.env_runner_group.num_healthy_remote_workers() == 1
+        # One count across the restart: every iteration sampled its 16 steps, stored and trained.
+        assert all(b >= a + 16 for a, b in zip(sampled, sampled[1:])), sampled
+        assert all(b > a for a, b in zip(updates, updates[1:])), updates
+        assert all(b > a for a, b in zip(stored, stored[1:])), stored
+    finally:
+        algo.stop()
+
+
+def _stub_algo(restarting, since, **fault_tolerance):
+    """What `DreamerV3._check_env_runners_sampled` reads of an algorithm whose one remote
+    EnvRunner is down, `restarting` or not, and has returned nothing for `since` seconds."""
+    config = DreamerV3Config().fault_tolerance(**fault_tolerance)
+    algo = types.SimpleNamespace(
+        config=config,
+        env_runner_group=types.SimpleNamespace(num_healthy_remote_workers=lambda: 0),
+        _no_samples_since=time.monotonic() - since,
+        _restarting_env_runners=lambda: [1] if restarting else [],
+    )
+    algo._env_runner_restart_limit_s = lambda: DreamerV3._env_runner_restart_limit_s(algo)
+    return algo
+
+
+def test_the_wait_for_a_restart_is_bounded_and_its_error_names_the_settings():
+    settings = dict(delay_between_env_runner_restarts_s=5.0, env_runner_restore_timeout_s=20.0)
+    DreamerV3._check_env_runners_sampled(_stub_algo(True, 24, **settings), [], 1)  # waits
+    with pytest.raises(RuntimeError) as info:
+        DreamerV3._check_env_runners_sampled(_stub_algo(True, 26, **settings), [], 1)
+    message = str(info.value)
+    assert "for 26 s: 0 of 1 remote EnvRunners are healthy" in message
+    assert "EnvRunner(s) [1] did not come back from their restart within 25 s" in message
+    assert "delay_between_env_runner_restarts_s=5.0" in message
+    assert "env_runner_restore_timeout_s=20.0" in message
+    # Nothing restarting (restarts used up, or off): no wait at all.
+    with pytest.raises(RuntimeError, match="none can come back .*max_num_env_runner_restarts=3"):
+        DreamerV3._check_env_runners_sampled(
+            _stub_algo(False, 0, max_num_env_runner_restarts=3), [], 1
+        )
+
+
+# --- issue 41: Ctrl-C during a long native call (the first update's XLA compile) -----------------
+_CTRL_C_DURING_NATIVE_CALL = r"""
+import atexit, hashlib, importlib.util, sys, threading
+spec = importlib.util.spec_from_file_location("interrupts", sys.argv[1])
+interrupts = importlib.util.module_from_spec(spec); spec.loader.exec_module(interrupts)
+finished = threading.Event()
+
+def compile():  # as an XLA compile: a long computation in one C call that never sees signals
+    hashlib.pbkdf2_hmac("sha256", b"key", b"salt", 100_000_000)
+    finished.set()
+
+class Context:  # as TF's objects, which the interpreter's teardown destroys at exit
+    def __del__(self):
+        finished.wait(300)
+
+context = Context()
+atexit.register(print, "exit handlers ran", flush=True)
+print("calling", flush=True)
+interrupts.call(compile)
+"""
+
+
+def test_ctrl_c_during_a_long_native_call_ends_the_process_at_once(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(_CTRL_C_DURING_NATIVE_CALL)
+    module = (ROOT / "rllib_dreamerv3" / "interrupts.py").as_posix()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), module],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "calling\n"
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)  # TimeoutExpired: it waited for the call
+    finally:
+        proc.kill()
+        proc.wait()
+    assert time.monotonic() - start < 10
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err)
+    assert "KeyboardInterrupt" in err and "exit handlers ran" in out
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_native_call_finishes_before_the_next_one_starts(monkeypatch):
+    from rllib_dreamerv3 import interrupts
+
+    assert interrupts.call(divmod, 7, 2) == (3, 1)
+    with pytest.raises(ZeroDivisionError):
+        interrupts.call(divmod, 1, 0)
+    order, release = [], threading.Event()
+
+    def long_call():
+        release.wait(30)
+        order.append("interrupted call")
+
+    def interrupt(*_):
+        raise _Interrupted  # stands in for KeyboardInterrupt, which would end pytest
+
+    monkeypatch.setattr(interrupts, "_abandoned", [])
+    monkeypatch.setattr(interrupts, "_exit_hook", {"registered": True, "running": False})
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(_Interrupted):
+            interrupts.call(long_call)
+        assert order == [] and len(interrupts._abandoned) == 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    threading.Timer(0.5, release.set).start()
+    interrupts.call_directly(order.append, "next call")  # waits for the interrupted one
+    assert order == ["interrupted call", "next call"] and interrupts._abandoned == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_first_compile_stops_training_within_seconds(tmp_path):
+    """Before: the process ended only after the compile (a minute or more on 2 CPUs)."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            from rllib_dreamerv3 import DreamerV3Config, interrupts
+
+            call = interrupts.call
+
+            def announced_call(fn, *args):
+                print("compiling", flush=True)
+                return call(fn, *args)
+
+            interrupts.call = announced_call
+            config = DreamerV3Config().environment("CartPole-v1").training(model_size="micro")
+            algo = config.build_algo()
+            algo.save_to_path({str(tmp_path / "ckpt")!r})
+            algo.train()
+            """
+        )
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "RAY_DEDUP_LOGS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        for line in proc.stdout:
+            if line == b"compiling\n":
+                break
+        time.sleep(2)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+        assert time.monotonic() - start < 20  # Ray's shutdown, not the compile
+        assert proc.returncode == -signal.SIGINT  # the exit hook ended it
+    finally:
+        proc.kill()
+        proc.wait()
+    assert checkpoints.verify(tmp_path / "ckpt") is not None  # the last checkpoint is intact

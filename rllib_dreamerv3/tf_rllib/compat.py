@@ -1,11 +1,15 @@
-"""Keeping TensorFlow 2 working inside Ray RLlib 2.60, and the one run-time patch of Ray.
+"""Keeping TensorFlow 2 working inside Ray RLlib 2.60, and the run-time patches of Ray.
 
-RLlib's new API stack assumes torch in a few places (see `RLLIB_TF_NOTES.md`). Everything that
-has to touch RLlib internals to work around that lives in this module, guarded by the pinned Ray
-version, so that a Ray upgrade only has to revisit this file.
+RLlib's new API stack assumes torch in a few places (`utils/framework.py`'s `get_device`,
+`learner_group._get_backend_config`, the numpy-to-tensor connectors). Everything that has to
+touch RLlib internals to work around that lives in this module, guarded by the pinned Ray
+version, so that a Ray upgrade only has to revisit this file. The second patch gives
+`Algorithm.from_checkpoint` and `Checkpointable.from_checkpoint` a hook that checks a local
+checkpoint before RLlib reads any of it (:func:`register_restore_check`).
 """
 
 import logging
+import os
 
 import tensorflow as tf
 from tensorflow.python import tf2
@@ -58,6 +62,44 @@ def _tf_backend_config(original):
     return get_backend_config
 
 
+_RESTORE_CHECKS = []
+
+
+def register_restore_check(check):
+    """Have `check(path)` run on every local checkpoint path before `Algorithm.from_checkpoint`
+    or `Checkpointable.from_checkpoint` reads anything of it (e.g. to verify checksums, or to
+    finish an interrupted save). `check` raises to refuse the checkpoint. Idempotent."""
+    if check not in _RESTORE_CHECKS:
+        _RESTORE_CHECKS.append(check)
+
+
+def _checked_from_checkpoint(original):
+    """Wrap the classmethod `original` so the registered checks see a local path first."""
+    func = original.__func__
+
+    def from_checkpoint(cls, path, filesystem=None, **kwargs):
+        local_fs = filesystem is None or type(filesystem).__name__ == "LocalFileSystem"
+        if isinstance(path, (str, os.PathLike)) and local_fs and "://" not in str(path):
+            for check in _RESTORE_CHECKS:
+                check(os.fspath(path))
+        return func(cls, path, filesystem=filesystem, **kwargs)
+
+    from_checkpoint.__doc__ = func.__doc__
+    from_checkpoint._rllib_dreamerv3_patch = True
+    from_checkpoint._original = original
+    return classmethod(from_checkpoint)
+
+
+def _patch_from_checkpoint():
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.utils.checkpoints import Checkpointable
+
+    for owner in (Checkpointable, Algorithm):
+        current = owner.__dict__["from_checkpoint"]
+        if not getattr(current.__func__, "_rllib_dreamerv3_patch", False):
+            owner.from_checkpoint = _checked_from_checkpoint(current)
+
+
 def apply_ray_patches():
     """Patch Ray at run time where RLlib 2.60 refuses TF; no-op on any other Ray version.
 
@@ -79,6 +121,8 @@ def apply_ray_patches():
     if not getattr(learner_group._get_backend_config, "_rllib_dreamerv3_patch", False):
         learner_group._get_backend_config = _tf_backend_config(learner_group._get_backend_config)
     applied.append("learner_group._get_backend_config")
+    _patch_from_checkpoint()
+    applied.append("from_checkpoint restore checks")
     silence_rllib_notices()
     applied.append("silenced notices")
     return applied

@@ -408,7 +408,11 @@ def test_apply_ray_patches_makes_tf2_backend_config():
     from ray.rllib.core.learner import learner_group
     from ray.train.tensorflow import TensorflowConfig
 
-    applied = ["learner_group._get_backend_config", "silenced notices"]
+    applied = [
+        "learner_group._get_backend_config",
+        "from_checkpoint restore checks",
+        "silenced notices",
+    ]
     assert apply_ray_patches() == applied
     assert apply_ray_patches() == applied  # idempotent
     patched = learner_group._get_backend_config
