@@ -525,10 +525,6 @@ def load_checkpoint_config(path):
         raise CliError(f"{path}: is a file; a checkpoint is a directory (checkpoint_NNNNNN).")
     ctor_file = os.path.join(path, CTOR_FILE)
     checkpoints.recover_interrupted_save(path)
-    try:  # the files evaluation reads: the config and the policy's weights
-        checkpoints.verify(path, prefixes=(CTOR_FILE, MODULE_STATE_DIR.replace(os.sep, "/")))
-    except checkpoints.CheckpointError as err:
-        raise CliError(str(err)) from None
     if not os.path.isfile(ctor_file) or not os.path.isdir(os.path.join(path, MODULE_STATE_DIR)):
         candidates = _checkpoint_candidates(path)
         hint = (
@@ -541,6 +537,10 @@ def load_checkpoint_config(path):
             f"{path}: not an RLlib Algorithm checkpoint (no {CTOR_FILE}"
             f" and {MODULE_STATE_DIR}).{hint}"
         )
+    try:  # the files evaluation reads: the config and the policy's weights
+        checkpoints.verify(path, prefixes=(CTOR_FILE, MODULE_STATE_DIR.replace(os.sep, "/")))
+    except checkpoints.CheckpointError as err:
+        raise CliError(str(err)) from None
     try:
         with open(ctor_file, "rb") as f:
             saved = pickle.load(f)

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from rllib_dreamerv3 import cli
+from rllib_dreamerv3 import checkpoints, cli
 
 TINY = {
     "tiny-cartpole": {
@@ -336,7 +336,15 @@ def test_video_without_moviepy(capsys, monkeypatch, tmp_path):
     assert "pip install moviepy" in err
 
 
-def test_corrupt_checkpoint(capsys, tmp_path):
+def test_checkpoint_without_manifest_is_refused_unless_allowed(capsys, tmp_path, monkeypatch):
+    (tmp_path / cli.MODULE_STATE_DIR).mkdir(parents=True)
+    (tmp_path / "class_and_ctor_args.pkl").write_bytes(b"x")
+    err = _error(capsys, ["evaluate", str(tmp_path)])
+    assert checkpoints.MANIFEST in err and checkpoints.ALLOW_UNVERIFIED in err
+
+
+def test_corrupt_checkpoint(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(checkpoints.ALLOW_UNVERIFIED, "1")  # an old checkpoint, no manifest
     (tmp_path / cli.MODULE_STATE_DIR).mkdir(parents=True)
     (tmp_path / "class_and_ctor_args.pkl").write_bytes(pickle.dumps({"class": 1})[:7])
     err = _error(capsys, ["evaluate", str(tmp_path)])
