@@ -4,9 +4,12 @@
 >>> config = DreamerV3Config().environment("CartPole-v1").training(model_size="XS")
 >>> algo = config.build_algo()  # doctest: +SKIP
 
-Importing the package also registers the Ray Tune trainable `"DreamerV3"`.
+Importing the package also registers the Ray Tune trainable `"DreamerV3"`, and sets
+`TF_CPP_MIN_LOG_LEVEL` (unless set) to hide TensorFlow's C++ start-up messages.
 """
 
+import contextlib
+import logging
 import os
 import sys
 
@@ -40,24 +43,36 @@ def _import_tensorflow():
 # TF must be imported before RLlib: if RLlib imports it first, it disables TF2 behaviour.
 _import_tensorflow()
 
+from rllib_dreamerv3.dmc import opengl_disabled  # noqa: E402
+
+
+@contextlib.contextmanager
+def _root_logging_kept():
+    """Undo handlers that libraries add to the root logger while our imports run: dm_control's
+    import logs through absl, which calls `logging.basicConfig()` when the root has none. The
+    process's logging configuration stays the user's."""
+    handlers = list(logging.root.handlers)
+    try:
+        yield
+    finally:
+        logging.root.handlers[:] = handlers
+
+
 # RLlib imports dm_control where it is installed: no OpenGL in TF processes (see the function).
-from rllib_dreamerv3.dmc import keep_opengl_out_of_this_process  # noqa: E402
+with opengl_disabled(), _root_logging_kept():
+    from rllib_dreamerv3 import checkpoints
+    from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior
+    from rllib_dreamerv3.tf_rllib.compat import register_restore_check
 
-keep_opengl_out_of_this_process()
+    ensure_tf2_behavior()
+    apply_ray_patches()
+    # Every way RLlib restores a checkpoint checks ours first (checksums, interrupted saves).
+    register_restore_check(checkpoints.check_before_restore)
 
-from rllib_dreamerv3 import checkpoints  # noqa: E402
-from rllib_dreamerv3.tf_rllib import apply_ray_patches, ensure_tf2_behavior  # noqa: E402
-from rllib_dreamerv3.tf_rllib.compat import register_restore_check  # noqa: E402
-
-ensure_tf2_behavior()
-apply_ray_patches()
-# Every way RLlib restores a checkpoint checks ours first (checksums, interrupted saves).
-register_restore_check(checkpoints.check_before_restore)
-
-from rllib_dreamerv3.algorithm import DreamerV3, DreamerV3Config  # noqa: E402
-from rllib_dreamerv3.export import export_policy  # noqa: E402
-from rllib_dreamerv3.learner import DreamerV3Learner  # noqa: E402
-from rllib_dreamerv3.rl_module import DreamerV3RLModule  # noqa: E402
+    from rllib_dreamerv3.algorithm import DreamerV3, DreamerV3Config
+    from rllib_dreamerv3.export import export_policy
+    from rllib_dreamerv3.learner import DreamerV3Learner
+    from rllib_dreamerv3.rl_module import DreamerV3RLModule
 
 
 def _register_with_tune():

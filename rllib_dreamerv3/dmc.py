@@ -19,11 +19,12 @@ step: 2 frames.
 Vision envs run in a child process of their own (:class:`RenderProcessEnv`): Mesa's software
 OpenGL drivers (EGL, OSMesa), which headless machines render with, load an LLVM that clashes
 with TensorFlow's XLA in one process (it aborts). So TensorFlow processes load no OpenGL
-backend at all (:func:`keep_opengl_out_of_this_process`, run when rllib_dreamerv3 is imported),
+backend at all (:func:`opengl_disabled`, around rllib_dreamerv3's imports and the DMC envs'),
 and the child, which imports dm_control but not TensorFlow, renders with the user's `MUJOCO_GL`
 if set, else EGL, else OSMesa.
 """
 
+import contextlib
 import ctypes.util
 import difflib
 import os
@@ -48,30 +49,40 @@ ENV_CONFIG = {
 IMAGE_SIZE = 64
 DOMAIN_ALIASES = {"cup": "ball_in_cup"}  # the paper's task names
 _DMC_ID = re.compile(r"DMC/(?P<domain>[a-z0-9_]+)-(?P<task>[a-z0-9_]+)")
-USER_MUJOCO_GL = "RLLIB_DREAMERV3_MUJOCO_GL"  # the user's MUJOCO_GL, kept for render processes
 CALL_TIMEOUT_S = 300  # a render process that answers no call for this long is stuck
 
 
-def keep_opengl_out_of_this_process():
-    """Make dm_control load no OpenGL backend in this process (`MUJOCO_GL=disable`), keeping the
-    user's `MUJOCO_GL` in `RLLIB_DREAMERV3_MUJOCO_GL` for render processes.
+@contextlib.contextmanager
+def opengl_disabled():
+    """While active, a first import of dm_control loads no OpenGL backend (`MUJOCO_GL=disable`
+    for the duration); the user's `MUJOCO_GL` is restored on exit, so their own MuJoCo
+    rendering (gymnasium's, which reads the variable when it renders) is untouched.
 
-    RLlib imports dm_control wherever it is installed, and dm_control loads its backend when
-    imported: Mesa's EGL or OSMesa would then share the process with TensorFlow (see the module
-    doc), and GLFW warns without a display. Runs before RLlib is imported; Ray's workers inherit
-    both variables. Does nothing once dm_control is imported (its backend is chosen then).
+    dm_control chooses and loads its backend once, when first imported, and RLlib imports it
+    wherever it is installed: Mesa's EGL or OSMesa would then share the process with TensorFlow
+    (see the module doc), and GLFW warns without a display. rllib_dreamerv3 imports RLlib, and
+    DMC envs import dm_control, inside this context. Does nothing once dm_control's backend is
+    chosen.
     """
-    if "dm_control" in sys.modules:
+    if "dm_control._render" in sys.modules:
+        yield
         return
-    os.environ.setdefault(USER_MUJOCO_GL, os.environ.get("MUJOCO_GL", ""))
+    saved = os.environ.get("MUJOCO_GL")
     os.environ["MUJOCO_GL"] = "disable"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MUJOCO_GL", None)
+        else:
+            os.environ["MUJOCO_GL"] = saved
 
 
 def render_process_gl_backend():
     """MuJoCo's OpenGL backend for a render process: the user's `MUJOCO_GL` if set; else,
     without an X display, "egl" if libEGL is installed, else "osmesa" if libOSMesa is; else None
     (dm_control's own choice)."""
-    user = os.environ.get(USER_MUJOCO_GL, os.environ.get("MUJOCO_GL", ""))
+    user = os.environ.get("MUJOCO_GL", "")
     if user:
         return user
     if os.environ.get("DISPLAY"):
@@ -119,8 +130,9 @@ def make_dmc_env(env_id, env_config=None):
     domain = DOMAIN_ALIASES.get(match["domain"], match["domain"])
     task = match["task"]
     try:
-        import shimmy  # noqa: F401  (the render process needs it too)
-        from dm_control import suite
+        with opengl_disabled():
+            import shimmy  # noqa: F401  (the render process needs it too)
+            from dm_control import suite
     except ImportError as err:
         raise ImportError(
             f"{env_id!r} needs dm_control and shimmy: pip install 'rllib-dreamerv3[dmc]' ({err})."
@@ -133,9 +145,26 @@ def make_dmc_env(env_id, env_config=None):
             f"Unknown DMC task {env_id!r}.{hint} dm_control has {len(known)} tasks, e.g. "
             "'DMC/walker-walk', 'DMC/cartpole-swingup', 'DMC/cup-catch'."
         )
+    if settings["camera"] is not None:
+        _check_camera(env_id, suite.load(domain, task).physics, settings["camera"])
     if settings["vision"]:
         return RenderProcessEnv(env_id, settings)
     return _local_env(domain, task, settings)
+
+
+def _check_camera(env_id, physics, camera):
+    """`ValueError` unless `camera` is an id or name of one of the task's cameras."""
+    model = physics.model
+    names = [model.id2name(i, "camera") for i in range(model.ncam)]
+    if isinstance(camera, bool) or not isinstance(camera, (int, str)):
+        valid = False
+    else:
+        valid = camera in names if isinstance(camera, str) else 0 <= camera < len(names)
+    if not valid:
+        raise ValueError(
+            f"DMC env_config camera={camera!r} is not a camera of {env_id!r}, which has "
+            f"{len(names)}: ids 0 to {len(names) - 1}, or the names {names}."
+        )
 
 
 def _local_env(domain, task, settings):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rllib_dreamerv3 import DreamerV3Config
-from rllib_dreamerv3.dmc import USER_MUJOCO_GL, is_dmc_id, make_dmc_env
+from rllib_dreamerv3.dmc import is_dmc_id, make_dmc_env
 
 shimmy = pytest.importorskip("shimmy", reason="DMC needs the [dmc] extra")
 
@@ -99,29 +99,75 @@ def test_bad_ids_and_settings_are_named():
         make_dmc_env("DMC/walker-walk", {"proprio": False})
     with pytest.raises(ValueError, match="action_repeat=0 must be an integer >= 1"):
         make_dmc_env("DMC/walker-walk", {"action_repeat": 0})
+    # walker has two cameras, 'side' and 'back': an unknown one is named before rendering.
+    for camera in (2, -1, "front", 1.0):
+        with pytest.raises(
+            ValueError, match=rf"camera={camera!r} is not a camera.*has 2: ids 0 to 1"
+        ):
+            make_dmc_env("DMC/walker-walk", {"vision": True, "camera": camera})
+    assert make_dmc_env("DMC/walker-walk", {"camera": "side"}).observation_space is not None
 
 
 def test_a_rendering_backend_that_fails_is_a_clear_error(monkeypatch):
-    # The user's MUJOCO_GL, as rllib_dreamerv3 keeps it for render processes on import.
-    monkeypatch.setenv(USER_MUJOCO_GL, "no-such-backend")
+    # The user's MUJOCO_GL: render processes use it.
+    monkeypatch.setenv("MUJOCO_GL", "no-such-backend")
     with pytest.raises(RuntimeError, match="cannot render.*='no-such-backend'.*EGL") as info:
         make_dmc_env("DMC/cartpole-swingup", {"vision": True})
     assert "MUJOCO_GL must be one of" in str(info.value)  # dm_control's own words
 
 
-def test_importing_the_package_keeps_opengl_out_of_the_process():
+def test_importing_the_package_keeps_opengl_out_of_the_process_only():
     code = (
-        "import rllib_dreamerv3, os; from dm_control import _render; "
-        "print(_render.BACKEND, os.environ['RLLIB_DREAMERV3_MUJOCO_GL'])"
+        "import os, rllib_dreamerv3; from dm_control import _render; "
+        "print(_render.BACKEND, os.environ['MUJOCO_GL'])"
     )
-    env = {**os.environ, "MUJOCO_GL": "egl"}
-    env.pop(USER_MUJOCO_GL, None)
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code],
+        env={**os.environ, "MUJOCO_GL": "egl"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]  # no abort at exit either
-    # No backend here; the user's choice is kept for render processes.
-    assert out.stdout.split() == ["off", "egl"]  # dm_control's name for 'disable'
+    # No backend in this process (dm_control's name for 'disable'); the user's setting is back.
+    assert out.stdout.split() == ["off", "egl"]
+
+
+def test_a_users_own_mujoco_env_gets_the_users_backend_after_the_import():
+    # Rendering itself cannot be shown here: Mesa's EGL/OSMesa crash any process that has loaded
+    # TensorFlow, imported by the user or by us (see docs/dmc.md). What the import must not do
+    # is change the backend a user's gymnasium MuJoCo env opens; earlier it made gymnasium
+    # raise "MUJOCO_GL must be one of ...: got 'disable'".
+    code = """
+import rllib_dreamerv3, gymnasium as gym
+from gymnasium.envs.mujoco import mujoco_rendering
+
+class Opened(Exception):
+    pass
+
+def opener(name):
+    def open_context(width, height):
+        raise Opened(name)
+    return open_context
+
+for name in list(mujoco_rendering._ALL_RENDERERS):
+    mujoco_rendering._ALL_RENDERERS[name] = opener(name)
+env = gym.make("InvertedPendulum-v5", render_mode="rgb_array")
+env.reset(seed=0)
+try:
+    env.render()
+except Opened as opened:
+    print("opened", opened)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "MUJOCO_GL": "egl"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["opened", "egl"]
 
 
 @pytest.mark.parametrize(
