@@ -49,6 +49,7 @@ from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
 from rllib_dreamerv3.learner import DreamerV3Learner
 from rllib_dreamerv3.model_sizes import MODEL_SIZES
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, log_progress, summary
+from rllib_dreamerv3.progress import logger as progress_logger
 from rllib_dreamerv3.replay_buffer import ReplayBuffer, bytes_per_step
 from rllib_dreamerv3.rl_module import DreamerV3RLModule
 from rllib_dreamerv3.spaces import ObsFormat, action_dim, check_spaces, is_image
@@ -56,6 +57,9 @@ from rllib_dreamerv3.tf_rllib.tune_storage import save_in_place
 from rllib_dreamerv3.validation import numeric_errors
 
 NUM_UPDATES_LIFETIME = "num_updates_lifetime"
+# In every result: None, or the counters at the end of the process's first iteration with
+# updates; progress lines estimate their ETA from the iterations after it.
+ETA_REFERENCE = "eta_reference"
 TRAINING_RATIO_ACHIEVED = "training_ratio_achieved"
 NEXT_CHECKPOINT_S = "next_checkpoint_s"
 REPLAY_STORAGES = ("memory", "disk")
@@ -698,6 +702,10 @@ class DreamerV3(Algorithm):
         # (return, length) of the latest finished training episodes, for the smoothed metrics.
         self._recent_episodes = collections.deque(maxlen=cfg.metrics_num_episodes_for_smoothing)
         self._no_samples_since = None  # when remote EnvRunners started returning nothing
+        # Updates done when this process ran its first iteration, and the counters at the end of
+        # its first iteration with updates (warm-up and compile behind it): see `ETA_REFERENCE`.
+        self._updates_at_first_step = None
+        self._eta_reference = None
         self._share_learner_module()
         # Only image dreams have videos (vector dreams are plots).
         videos = cfg.dream_every_n_updates and is_image(obs_space)
@@ -773,6 +781,9 @@ class DreamerV3(Algorithm):
         multiple of the number of envs, so the total equals one `_sample` of them all."""
         envs = max(1, self.env_runner_group.num_remote_env_runners())
         envs *= self.config.num_envs_per_env_runner
+        self._notice(
+            f"warm-up: {num_timesteps} env steps of random actions before the first update"
+        )
         per_round = envs * -(-num_timesteps // (10 * envs))
         bar = tqdm(
             total=num_timesteps,
@@ -786,6 +797,12 @@ class DreamerV3(Algorithm):
                 self._sample(num_timesteps=min(per_round, num_timesteps), random_actions=True)
                 bar.update(min(per_round, num_timesteps))
                 num_timesteps -= per_round
+
+    def _notice(self, message):
+        """Log `message` as a progress line outside Ray Tune (unless `log_progress=False`);
+        under Tune, `progress.ProgressLines` says it when the trial starts."""
+        if self.config.log_progress and not self._under_tune:
+            progress_logger.info("DreamerV3 %s", message)
 
     def _env_runner_restart_limit_s(self):
         """How long training waits without samples while failed EnvRunners are restarting:
@@ -909,6 +926,10 @@ class DreamerV3(Algorithm):
         if self._counters["num_updates"] >= target_updates:
             return
         updates_before = self._counters["num_updates"]
+        if self._updates_at_first_step == updates_before and self._eta_reference is None:
+            self._notice(
+                "compiling the update with XLA (once per process; a minute or more on a CPU)"
+            )
         while self._counters["num_updates"] < target_updates:
             batch = self.replay_buffer.sample(cfg.batch_size_B)
             results = self._update_learners(batch, sampled)
@@ -1000,13 +1021,30 @@ class DreamerV3(Algorithm):
         """One `train()` iteration. The results begin with :func:`progress.summary` (episode
         return and losses as top-level numbers, the columns of Tune's status table) and carry
         `dreams` (see :mod:`rllib_dreamerv3.dreams`) in iterations that computed them."""
+        self._track_eta_reference()
         results = super().step()
+        results[ETA_REFERENCE] = self._eta_reference
         self._smooth_episode_metrics(results.get(ENV_RUNNER_RESULTS))
         if self._dreams is not None:
             results[DREAMS] = self._dreams
             self._dreams = None
         self._checkpoint_on_the_clock(results)
         return {**summary(results), **results}
+
+    def _track_eta_reference(self):
+        """Before an iteration: once the previous one was this process's first with updates,
+        keep the counters it ended with, so that an ETA counts only the iterations after the
+        warm-up and the first compile (which last much longer than later ones)."""
+        updates = self._counters["num_updates"]
+        if self._updates_at_first_step is None:
+            self._updates_at_first_step = updates
+        elif self._eta_reference is None and updates > self._updates_at_first_step:
+            self._eta_reference = {
+                "training_iteration": self.iteration,
+                "time_total_s": self._time_total,
+                NUM_ENV_STEPS_SAMPLED_LIFETIME: self._env_steps_sampled(),
+                NUM_UPDATES_LIFETIME: updates,
+            }
 
     def _checkpoint_on_the_clock(self, results):
         """Under Ray Tune, ask for a checkpoint (`should_checkpoint`) once

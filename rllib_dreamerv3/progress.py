@@ -3,9 +3,10 @@
 `DreamerV3.train()` logs one line per iteration outside Ray Tune (env steps, updates, episode
 return, losses, wall time; with the stop criteria known, an ETA). Under Tune, `ProgressLines`
 (a Tune callback, used by the `rllib` command and the sweep example) prints the same line. The
-lines go to the logger `rllib_dreamerv3.progress`, which writes them to stdout unless configured
-otherwise; turn them off with `DreamerV3Config().training(log_progress=False)` or by raising that
-logger's level.
+lines go to the logger `rllib_dreamerv3.progress`: to stdout, or, once the process configures
+logging (a handler on the root logger, e.g. `logging.basicConfig(filename=...)`), where that
+configuration sends them; turn them off with `DreamerV3Config().training(log_progress=False)`
+or by raising that logger's level.
 
 Every DreamerV3 result also begins with `summary(result)`: the episode return and the three
 losses as top-level numbers. Ray Tune's status table shows the first few top-level numbers of a
@@ -24,9 +25,13 @@ PROGRESS_LOSSES = ("L_world_model", "L_actor", "L_critic")
 
 class _StdoutHandler(logging.Handler):
     """Writes each record's message to the current `sys.stdout` (looked up per record, so that
-    redirections made after import, e.g. by pytest or notebooks, are followed)."""
+    redirections made after import, e.g. by pytest or notebooks, are followed), unless logging
+    is configured: where a handler of an ancestor logger (the root's, e.g. from
+    `logging.basicConfig`) receives the record, that configuration decides where it goes."""
 
     def emit(self, record):
+        if _configured(logging.getLogger(record.name)):
+            return
         try:
             sys.stdout.write(self.format(record) + "\n")
             sys.stdout.flush()
@@ -34,11 +39,19 @@ class _StdoutHandler(logging.Handler):
             self.handleError(record)
 
 
+def _configured(log):
+    """Whether a handler above `log` (not its own) receives what it logs."""
+    while log.propagate and log.parent is not None:
+        log = log.parent
+        if log.handlers:
+            return True
+    return False
+
+
 logger = logging.getLogger(__name__)
-if not logger.handlers:
+if not any(isinstance(handler, _StdoutHandler) for handler in logger.handlers):
     logger.addHandler(_StdoutHandler())
     logger.setLevel(logging.INFO)
-    logger.propagate = False  # the line is printed once, also where the root logger prints
 
 
 def _nested(result, *keys):
@@ -83,17 +96,25 @@ def _counter(result, key):
 
 
 def eta_seconds(result, stop):
-    """Seconds until the first counter stop criterion in `stop` is reached, at the average rate
-    so far (None when no stop key is a counter, or before any progress)."""
-    elapsed = result.get("time_total_s") or 0.0
+    """Seconds until the first counter stop criterion in `stop` is reached, at the rate since
+    the result's `eta_reference` (DreamerV3's results: the end of the first iteration with
+    updates, so warm-up and compilation do not count; None until an iteration after it), or at
+    the average rate so far for results without one. None when no stop key is a counter."""
+    start = {"time_total_s": 0.0}
+    if "eta_reference" in result:
+        if result["eta_reference"] is None:
+            return None
+        start = result["eta_reference"]
+    elapsed = (result.get("time_total_s") or 0.0) - start["time_total_s"]
     etas = []
     for key, threshold in (stop or {}).items():
         if key not in COUNTERS:
             continue
-        done = _counter(result, key)
-        if not done or elapsed <= 0:
+        value = _counter(result, key)
+        done = None if value is None else value - start.get(key, 0)
+        if not done or done <= 0 or elapsed <= 0:
             continue
-        etas.append(max(0.0, (threshold - done) * elapsed / done))
+        etas.append(max(0.0, (threshold - value) * elapsed / done))
     return min(etas) if etas else None
 
 
@@ -146,10 +167,22 @@ def log_progress(result, name="DreamerV3", stop=None):
 class ProgressLines(tune.Callback):
     """A Ray Tune callback that prints :func:`progress_line` for every result Tune receives:
     `tune.RunConfig(callbacks=[ProgressLines(stop)])`; with the run's `stop` dict, the line
-    also shows the ETA."""
+    also shows the ETA. When a DreamerV3 trial starts it says what comes before the first
+    result (the warm-up and the first compile)."""
 
     def __init__(self, stop=None):
         self.stop = stop if isinstance(stop, dict) else None
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        if not str(getattr(trial, "trainable_name", "")).startswith("DreamerV3"):
+            return
+        config = trial.config if isinstance(trial.config, dict) else {}
+        warmup = config.get("num_steps_sampled_before_learning_starts", 1024)
+        print(
+            f"{trial}: started: {warmup} warm-up env steps of random actions, then XLA "
+            "compiles the update (a minute or more on a CPU) before the first result.",
+            flush=True,
+        )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         print(progress_line(str(trial), result, self.stop), flush=True)

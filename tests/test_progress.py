@@ -1,5 +1,6 @@
 """The progress line that `DreamerV3.train()` logs outside Ray Tune."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -7,7 +8,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.tune.trainable import Trainable
 
 from rllib_dreamerv3 import DreamerV3, DreamerV3Config
-from rllib_dreamerv3.progress import progress_line
+from rllib_dreamerv3.progress import ProgressLines, progress_line
 
 RESULT = {
     "training_iteration": 3,
@@ -38,13 +39,30 @@ def test_progress_line_names_steps_return_losses_and_time():
 def test_train_logs_one_line_outside_tune_unless_switched_off(
     log_progress, storage, trial_info, printed, monkeypatch, capsys
 ):
+    monkeypatch.setattr(logging.root, "handlers", [])  # logging not configured (pytest's gone)
+    assert fake_algo(monkeypatch, log_progress, storage, trial_info).train() is RESULT
+    assert capsys.readouterr().out == (LINE + "\n" if printed else "")
+
+
+def fake_algo(monkeypatch, log_progress=True, storage=None, trial_info=None):
     monkeypatch.setattr(Trainable, "train", lambda self: RESULT)
     algo = object.__new__(DreamerV3)  # no env, no Ray: only what train() reads
     algo.config = SimpleNamespace(log_progress=log_progress)
     # Ray Tune gives the trainables it runs a storage context (and, in some paths, trial info).
     algo._storage, algo._trial_info = storage, trial_info
-    assert algo.train() is RESULT
-    assert capsys.readouterr().out == (LINE + "\n" if printed else "")
+    return algo
+
+
+def test_configured_logging_gets_the_line_instead_of_stdout(monkeypatch, capsys):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    monkeypatch.setattr(logging.root, "handlers", [handler])  # e.g. logging.basicConfig(...)
+    fake_algo(monkeypatch).train()
+    assert [(r.name, r.levelno, r.getMessage()) for r in records] == [
+        ("rllib_dreamerv3.progress", logging.INFO, LINE)
+    ]
+    assert capsys.readouterr().out == ""
 
 
 def test_log_progress_must_be_a_bool():
@@ -90,3 +108,26 @@ def test_importing_the_package_prints_nothing_unless_asked():
     # on the CPU (oneDNN's note only on some x86 CPUs); absl's notice precedes all of them.
     shown = _import_output(TF_CPP_MIN_LOG_LEVEL="0")
     assert "oneDNN" in shown or "absl::InitializeLog" in shown, shown
+
+
+def test_warm_up_and_compile_notices_are_progress_lines_outside_tune(monkeypatch, capsys):
+    monkeypatch.setattr(logging.root, "handlers", [])
+    fake_algo(monkeypatch)._notice("warm-up: 600 env steps of random actions")
+    fake_algo(monkeypatch, storage=object())._notice("not under Tune")  # Tune: the callback's
+    fake_algo(monkeypatch, log_progress=False)._notice("switched off")
+    assert capsys.readouterr().out == "DreamerV3 warm-up: 600 env steps of random actions\n"
+
+
+def test_tune_callback_says_what_comes_before_the_first_result(capsys):
+    class Trial:
+        trainable_name = "DreamerV3"
+        config = {"num_steps_sampled_before_learning_starts": 600}
+
+        def __str__(self):
+            return "DreamerV3_CartPole_00000"
+
+    ProgressLines().on_trial_start(0, [], Trial())
+    assert capsys.readouterr().out == (
+        "DreamerV3_CartPole_00000: started: 600 warm-up env steps of random actions, then XLA "
+        "compiles the update (a minute or more on a CPU) before the first result.\n"
+    )
