@@ -15,6 +15,14 @@ from rllib_dreamerv3.tf_rllib.custom_gradients import release_custom_gradients
 IS_FIRST = "is_first"
 
 
+def _unstack(obs):
+    """The N single observations of a stacked batch `obs` (an array, or a dict of arrays)."""
+    if isinstance(obs, dict):
+        n = len(next(iter(tf.nest.flatten(obs))))
+        return [tf.nest.map_structure(lambda x, i=i: x[i], obs) for i in range(n)]
+    return list(np.asarray(obs))
+
+
 class DreamerV3RLModule(TfRLModule):
     """DreamerV3's networks (:class:`~rllib_dreamerv3.model.DreamerV3Model`) for RLlib.
 
@@ -111,7 +119,41 @@ class DreamerV3RLModule(TfRLModule):
             self._policy_fns[explore] = tf.function(policy, autograph=False, jit_compile=jit)
         return self._policy_fns[explore]
 
+    def act(self, obs, state=None, explore=False):
+        """Actions for N envs, one step: `obs` (N env observations, stacked; a dict of stacked
+        arrays for Dict observations) and the `state` this method returned for the previous
+        step (None at the first step, where every env starts anew). Returns `(actions, state)`:
+        env actions `[N, ...]` (numpy) and the state for the next call. Greedy unless `explore`.
+
+        >>> obs, _ = env.reset(seed=0)  # doctest: +SKIP
+        >>> action, state = module.act(obs[None])  # doctest: +SKIP
+        >>> obs, reward, terminated, truncated, _ = env.step(action[0])  # doctest: +SKIP
+        >>> action, state = module.act(obs[None], state)  # doctest: +SKIP
+        """
+        obs = self.obs_format.stack([self.obs_format.convert(o) for o in _unstack(obs)])
+        n = len(tf.nest.flatten(obs)[0])
+        if state is None:
+            initial = self.get_initial_state()
+            state = {key: np.repeat(value[None], n, axis=0) for key, value in initial.items()}
+            is_first = np.ones(n, bool)
+        else:
+            is_first = np.zeros(n, bool)
+        batch = {Columns.OBS: obs, IS_FIRST: is_first, Columns.STATE_IN: state}
+        out = self._act(batch, explore)
+        state = {key: value.numpy() for key, value in out[Columns.STATE_OUT].items()}
+        return out[Columns.ACTIONS].numpy(), state
+
     def _act(self, batch, explore):
+        missing = [k for k in (Columns.OBS, IS_FIRST, Columns.STATE_IN) if k not in batch]
+        if missing:
+            raise KeyError(
+                f"DreamerV3RLModule's forward_inference/forward_exploration need the batch keys "
+                f"'obs', 'is_first' and 'state_in' (missing: {', '.join(map(repr, missing))}): "
+                "it is recurrent. For N envs: 'is_first' a bool array [N] (True where an env "
+                "starts anew), 'state_in' the previous call's 'state_out' (at the start: "
+                "get_initial_state() with each value stacked N times). Or call "
+                "module.act(obs, state), which keeps both for you."
+            )
         state = batch[Columns.STATE_IN]
         args = (
             tf.nest.map_structure(tf.convert_to_tensor, batch[Columns.OBS]),

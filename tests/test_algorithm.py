@@ -158,6 +158,23 @@ def test_training_step_warm_up_then_ratio():
         algo.stop()
 
 
+def test_results_carry_the_eta_reference_after_the_first_iteration_with_updates():
+    algo = tiny_config().build_algo()
+    try:
+        first = algo.train()  # warm-up and the first updates
+        second = algo.train()
+    finally:
+        algo.stop()
+    assert first["num_updates_lifetime"] > 0
+    assert first["eta_reference"] is None
+    assert second["eta_reference"] == {
+        "training_iteration": 1,
+        "time_total_s": first["time_total_s"],
+        "num_env_steps_sampled_lifetime": first["env_runners"]["num_env_steps_sampled_lifetime"],
+        "num_updates_lifetime": first["num_updates_lifetime"],
+    }
+
+
 def _module_state(algo):
     return algo.learner_group._learner.module[DEFAULT_MODULE_ID].get_state()
 
@@ -276,6 +293,31 @@ def test_policy_state_resets_on_is_first():
         {"obs": obs, "is_first": np.array([False, False]), "state_in": fresh}
     )
     np.testing.assert_allclose(h[0], out_fresh["state_out"]["h"].numpy()[0], rtol=1e-5)
+    runner.stop()
+
+
+def test_act_keeps_the_recurrent_state_as_forward_inference_does():
+    config = tiny_config()
+    runner = DreamerV3EnvRunner(config=config, worker_index=0)
+    module = runner.module
+    obs = np.random.default_rng(0).normal(size=(3, 2, 4)).astype(np.float64)  # [T, N, ...]
+    actions, state = module.act(obs[0])  # float64 from the env: converted
+    is_first, expected = (
+        np.ones(2, bool),
+        {k: np.repeat(v[None], 2, 0) for k, v in module.get_initial_state().items()},
+    )
+    for t in range(3):
+        if t:
+            actions, state = module.act(obs[t], state)
+        out = module.forward_inference(
+            {"obs": obs[t].astype(np.float32), "is_first": is_first, "state_in": expected}
+        )
+        expected = {k: v.numpy() for k, v in out["state_out"].items()}
+        is_first = np.zeros(2, bool)
+        np.testing.assert_array_equal(actions, out["actions"].numpy())
+        np.testing.assert_allclose(state["h"], expected["h"], rtol=1e-6, atol=1e-6)
+    with pytest.raises(KeyError, match="'is_first', 'state_in'.*get_initial_state.*act"):
+        module.forward_inference({"obs": obs[0].astype(np.float32)})
     runner.stop()
 
 
