@@ -13,7 +13,10 @@ three serving signatures, batched over envs:
 bounds); `prev_action` is the model's encoding of it, to pass back with `h` and `z`. `is_first`
 (`[B]` bool) marks envs that were just reset: their state restarts from the initial one, so
 `initial_state` is only needed for the first call. Image observations go in as uint8
-`[B, 64, 64, C]`, vector observations as float32 `[B, n]`.
+`[B, 64, 64, C]`, vector observations as float32 `[B, n]`, Dict observations as a dict of
+these keyed by entry (nested keys as `"a/b"`, Discrete entries one-hot); a policy of Dict
+observations is called from Python only (`policy.step(obs={...}, ...)`): it has no serving
+signatures, which take flat tensors (TF Serving, TFLite).
 
 Loading needs only TensorFlow::
 
@@ -69,13 +72,14 @@ class ServedPolicy(tf.Module):
         if jit_compile is None:
             jit_compile = bool(module.model_config.get("jit_compile", True))
         obs_format = module.obs_format
-        if obs_format.is_dict:
-            raise ValueError(
-                f"Exporting a policy of Dict observations ({module.observation_space}) is not "
-                "supported: serving signatures take flat tensors. Export works for Box and "
-                "Discrete observations."
-            )
-        obs = tf.TensorSpec([None, *obs_format.shape()], obs_format.dtype(), "obs")
+        self.dict_obs = obs_format.is_dict
+        if self.dict_obs:  # a dict of `[batch, ...]` tensors, keyed as `obs_format`'s entries
+            obs = {
+                key: tf.TensorSpec([None, *shape], obs_format.dtype()[key])
+                for key, shape in obs_format.shape().items()
+            }
+        else:
+            obs = tf.TensorSpec([None, *obs_format.shape()], obs_format.dtype(), "obs")
         state = [
             tf.TensorSpec([None, wm.size.gru_units], tf.float32, "h"),
             tf.TensorSpec([None, wm.stoch_dim], tf.float32, "z"),
@@ -109,7 +113,10 @@ class ServedPolicy(tf.Module):
         )
 
     def signatures(self):
-        """The serving signatures, by name."""
+        """The serving signatures, by name (None for Dict observations: a signature takes flat
+        tensors, so TF Serving and TFLite need Box or Discrete observations)."""
+        if self.dict_obs:
+            return None
         return {
             "serving_default": self.step.get_concrete_function(),
             "step": self.step.get_concrete_function(),
@@ -187,6 +194,8 @@ def read_metadata(saved_model_dir):
 def export_tflite(saved_model_dir, out_file):
     """Convert the exported `step` signature to a TFLite model at `out_file`; returns
     `(out_file, None)`, or `(None, reason)` when the converter cannot (the ops it names)."""
+    if "step" not in tf.saved_model.load(os.fspath(saved_model_dir)).signatures:
+        return None, "the policy takes Dict observations; TFLite models take flat tensors"
     converter = tf.lite.TFLiteConverter.from_saved_model(
         os.fspath(saved_model_dir), signature_keys=["step"]
     )
@@ -211,7 +220,8 @@ def run_saved_model(saved_model_dir, env, episodes, greedy=True, seed=None):
         obs, _ = env.reset(seed=None if seed is None else int(rng.integers(2**31)))
         is_first, done, total, length = True, False, 0.0, 0
         while not done:
-            inputs = {"obs": tf.convert_to_tensor(obs_format.convert(obs)[None]), **state}
+            obs = obs_format.map(lambda x: tf.convert_to_tensor(x[None]), obs_format.convert(obs))
+            inputs = {"obs": obs, **state}
             inputs["is_first"] = tf.constant([is_first])
             if greedy:
                 out = policy.step(**inputs)

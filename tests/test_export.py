@@ -175,3 +175,54 @@ def test_export_errors_name_the_problem(tmp_path, capsys):
     assert "needs a checkpoint directory (or --saved-model DIR)" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="not a DreamerV3 Algorithm checkpoint"):
         export_policy(str(tmp_path), tmp_path / "out")
+
+
+class DictCartPole(gym.ObservationWrapper):
+    """CartPole with Dict observations: the cart's and the pole's entries."""
+
+    def __init__(self, config=None):
+        super().__init__(gym.make("CartPole-v1"))
+        box = self.env.observation_space
+        self.observation_space = gym.spaces.Dict(
+            {
+                "cart": gym.spaces.Box(box.low[:2], box.high[:2], dtype=np.float32),
+                "pole": gym.spaces.Box(box.low[2:], box.high[2:], dtype=np.float32),
+            }
+        )
+
+    def observation(self, obs):
+        return {"cart": obs[:2], "pole": obs[2:]}
+
+
+def test_dict_observation_policies_export_and_act_as_the_checkpoint(tmp_path):
+    from ray.tune.registry import register_env
+
+    register_env("DictCartPole", DictCartPole)
+    algo = tiny_config("DictCartPole", dream_every_n_updates=0).build_algo()
+    try:
+        algo.train()
+        export_dir = export_policy(algo, tmp_path / "policy")
+        module = algo.get_module()
+        policy = tf.saved_model.load(export_dir)
+        env = DictCartPole()
+        obs, _ = env.reset(seed=0)
+        state, served, is_first = None, policy.initial_state(tf.constant(1)), True
+        for _ in range(50):
+            action, state = module.act({k: v[None] for k, v in obs.items()}, state)
+            batch = {k: tf.constant(v[None]) for k, v in obs.items()}
+            out = policy.step(obs=batch, is_first=tf.constant([is_first]), **served)
+            np.testing.assert_array_equal(out.pop("action").numpy(), action)
+            served, is_first = out, False
+            np.testing.assert_array_equal(served["h"], state["h"])
+            obs, _, terminated, truncated, _ = env.step(action[0])
+            if terminated or truncated:
+                obs, _ = env.reset()
+                state, is_first = None, True
+    finally:
+        algo.stop()
+    returns, lengths = run_saved_model(export_dir, DictCartPole(), episodes=1, seed=0)
+    assert lengths[0] >= 1
+    assert export_tflite(export_dir, tmp_path / "policy.tflite") == (
+        None,
+        "the policy takes Dict observations; TFLite models take flat tensors",
+    )
