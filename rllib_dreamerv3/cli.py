@@ -748,7 +748,13 @@ def build_parser(prog="rllib"):
         action="store_true",
         help="sample actions as in training instead of greedy ones",
     )
-    evaluate.add_argument("--seed", type=int, help="seed of the env resets and the policy")
+    evaluate.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the env resets and the policy (default 0: a checkpoint and its exported "
+        "policy play the same episodes)",
+    )
     evaluate.add_argument(
         "--video-dir", metavar="DIR", help="write a video of every episode here (needs moviepy)"
     )
@@ -932,7 +938,8 @@ def _evaluate_command(args):
     else:
         mode = "sampled" if args.explore else "greedy"
         print(
-            f"{result['episodes']} {mode} episodes of {result['env']}: return mean "
+            f"{result['episodes']} {mode} episodes of {result['env']} (seed {args.seed}): "
+            "return mean "
             f"{fmt(result['return_mean'])}, min {fmt(result['return_min'])}, max "
             f"{fmt(result['return_max'])}; length mean {fmt(result['length_mean'])} "
             f"({time.time() - start:.0f} s)"
