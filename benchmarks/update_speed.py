@@ -48,13 +48,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from flops import compiled_flops  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from flops import compiled_flops  # noqa: E402
 
 from rllib_dreamerv3 import DreamerV3Config  # noqa: E402
 from rllib_dreamerv3.spaces import action_dim, obs_storage_dtype  # noqa: E402

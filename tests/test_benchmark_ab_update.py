@@ -1,12 +1,9 @@
 """benchmarks/ab_update.py: interleaved timing, its summary, and how variants are named."""
 
 import os
-import sys
 
+import ab_update
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import ab_update  # noqa: E402
 
 
 class FakeClock:

@@ -1,15 +1,11 @@
 """benchmarks/cartpole_terminations.py names what ended each CartPole episode."""
 
-import os
 import sys
 
+import cartpole_terminations
 import gymnasium as gym
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import cartpole_terminations  # noqa: E402
 
 
 class RulePolicy:

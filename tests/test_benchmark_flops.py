@@ -1,13 +1,7 @@
 """The HLO FLOP counter of benchmarks/update_speed.py against FLOPs counted by hand."""
 
-import os
-import sys
-
+import flops
 import tensorflow as tf
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import flops  # noqa: E402
 
 
 def _count(fn, *args):

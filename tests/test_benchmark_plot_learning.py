@@ -1,13 +1,9 @@
 """benchmarks/plot_learning.py reads the curves of benchmarks/learning.py's JSON lines."""
 
-import os
 import sys
 
+import plot_learning
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import plot_learning  # noqa: E402
 
 
 def test_read_curve_keeps_iterations_with_a_return(tmp_path):

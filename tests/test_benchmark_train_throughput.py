@@ -1,14 +1,9 @@
 """benchmarks/train_throughput.py: its breakdown accounts for the whole wall clock."""
 
 import json
-import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-
-import train_throughput  # noqa: E402
+import train_throughput
 
 
 def test_breakdown_adds_up_to_the_wall_clock(capsys):
