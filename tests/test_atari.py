@@ -1,4 +1,5 @@
-"""The Atari env factory: the paper's setup (SPEC §7), checked on real ALE games."""
+"""The Atari env factory: the paper's setup (DreamerV3 and DreamerV2's Atari protocol), checked
+on real ALE games."""
 
 import os
 import re

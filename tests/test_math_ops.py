@@ -1,4 +1,5 @@
-"""The pure math of SPEC §1–3 against values worked out by hand."""
+"""The pure math of the paper's symlog, two-hot, percentile and return equations against values
+worked out by hand."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Nothing a user trains is lost or silently wrong: the regression tests of issue 22.
+"""Nothing a user trains is lost or silently wrong: regression tests.
 
 Stale modules from `get_module()`, NaN/inf data, torn or damaged checkpoints, a training loop
 without EnvRunners, replay streams joined across a failed sample, sub-env restarts, observations
@@ -788,7 +788,7 @@ def test_training_keyword_typo_suggests_the_key_and_changes_nothing():
     assert (config.model_size, config.gamma) == ("nano", 0.9)
 
 
-# --- issue 41: an EnvRunner restart outlasts the wait for samples --------------------------------
+# --- an EnvRunner restart outlasts the wait for samples --------------------------------
 class SlowRestartEnv(CountingEnv):
     """CountingEnv whose step `raise_at` raises once per run (the file `marker` remembers it);
     after that, constructing the env takes `build_s` seconds, as a restarted EnvRunner's env."""
@@ -878,7 +878,7 @@ def test_the_wait_for_a_restart_is_bounded_and_its_error_names_the_settings():
         )
 
 
-# --- issue 41: Ctrl-C during a long native call (the first update's XLA compile) -----------------
+# --- Ctrl-C during a long native call (the first update's XLA compile) -----------------
 _CTRL_C_DURING_NATIVE_CALL = r"""
 import atexit, hashlib, importlib.util, sys, threading
 spec = importlib.util.spec_from_file_location("interrupts", sys.argv[1])
