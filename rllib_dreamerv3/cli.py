@@ -194,6 +194,44 @@ def _env_problem(env, err):
     )
 
 
+def _checked_config_keys(where, config):
+    """The experiment's `config`, a `CliError` unless it maps known config keys."""
+    if not isinstance(config, dict):
+        raise CliError(
+            f"{where}: config must be a mapping of config keys to values, found "
+            f"{type(config).__name__}."
+        )
+    key = unknown_config_key(config)
+    if key is not None:
+        raise CliError(
+            f"{where}: unknown config key {key!r}.{_did_you_mean(key, known_config_keys())} "
+            "DreamerV3's hyperparameters are the names in HYPERPARAMETERS "
+            "(rllib_dreamerv3/algorithm.py); any other key must be an AlgorithmConfig setting "
+            "(e.g. num_env_runners, gamma)."
+        )
+    return config
+
+
+def _check_checkpoint_config(where, checkpoint_config):
+    """A `CliError` unless `checkpoint_config` is a valid `tune.CheckpointConfig` mapping."""
+    if not isinstance(checkpoint_config, dict):
+        raise CliError(
+            f"{where}: checkpoint_config must be a mapping, e.g. "
+            "{checkpoint_frequency: 10, checkpoint_at_end: true}."
+        )
+    for key in checkpoint_config:
+        if key not in CHECKPOINT_CONFIG_KEYS:
+            raise CliError(
+                f"{where}: unknown checkpoint_config key {key!r}."
+                f"{_did_you_mean(key, CHECKPOINT_CONFIG_KEYS)} Use {list(CHECKPOINT_CONFIG_KEYS)}"
+                " (ray.tune.CheckpointConfig)."
+            )
+    try:
+        tune.CheckpointConfig(**checkpoint_config)
+    except (ValueError, TypeError) as err:
+        raise CliError(f"{where}: checkpoint_config: {_one_paragraph(err)}") from None
+
+
 def check_experiment(source, name, spec):
     """One experiment checked, as the spec `tune.Experiment.from_json` reads (see
     :func:`make_experiment`), or a `CliError` naming the source and the key, raised before Ray
@@ -216,20 +254,7 @@ def check_experiment(source, name, spec):
             f"{_did_you_mean(run, ALGORITHMS)} Use one of {list(ALGORITHMS)} (rllib-dreamerv3 "
             "provides DreamerV3 only; RLlib's own algorithms run from Python)."
         )
-    config = spec.get("config") or {}
-    if not isinstance(config, dict):
-        raise CliError(
-            f"{where}: config must be a mapping of config keys to values, found "
-            f"{type(config).__name__}."
-        )
-    key = unknown_config_key(config)
-    if key is not None:
-        raise CliError(
-            f"{where}: unknown config key {key!r}.{_did_you_mean(key, known_config_keys())} "
-            "DreamerV3's hyperparameters are the names in HYPERPARAMETERS "
-            "(rllib_dreamerv3/algorithm.py); any other key must be an AlgorithmConfig setting "
-            "(e.g. num_env_runners, gamma)."
-        )
+    config = _checked_config_keys(where, spec.get("config") or {})
     env = spec.get("env", config.get("env"))
     if env is None:
         raise CliError(
@@ -252,23 +277,7 @@ def check_experiment(source, name, spec):
             f"{where}: stop must map result keys to thresholds, e.g. "
             "{training_iteration: 10, env_runners/episode_return_mean: 450}."
         )
-    checkpoint_config = spec.get("checkpoint_config") or {}
-    if not isinstance(checkpoint_config, dict):
-        raise CliError(
-            f"{where}: checkpoint_config must be a mapping, e.g. "
-            "{checkpoint_frequency: 10, checkpoint_at_end: true}."
-        )
-    for key in checkpoint_config:
-        if key not in CHECKPOINT_CONFIG_KEYS:
-            raise CliError(
-                f"{where}: unknown checkpoint_config key {key!r}."
-                f"{_did_you_mean(key, CHECKPOINT_CONFIG_KEYS)} Use {list(CHECKPOINT_CONFIG_KEYS)}"
-                " (ray.tune.CheckpointConfig)."
-            )
-    try:
-        tune.CheckpointConfig(**checkpoint_config)
-    except (ValueError, TypeError) as err:
-        raise CliError(f"{where}: checkpoint_config: {_one_paragraph(err)}") from None
+    _check_checkpoint_config(where, spec.get("checkpoint_config") or {})
     for key, low in (("num_samples", 1), ("max_failures", -1)):
         value = spec.get(key, low)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
