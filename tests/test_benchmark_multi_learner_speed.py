@@ -29,8 +29,6 @@ def test_multi_learner_speed_prints_the_figures():
     assert result["size"] == "nano" and (result["B"], result["T"], result["H"]) == (4, 8, 3)
     for key in ("local_xla_s", "local_graph_s", "learners_2_s", "allreduce_2_s"):
         assert result[key] > 0, key
-    # The collectives are a part of what two Learners do in an update.
-    assert result["allreduce_2_s"] < result["learners_2_s"]
     assert result["threads_per_learner"] >= 1
 
 
