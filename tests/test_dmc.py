@@ -116,18 +116,20 @@ def test_a_rendering_backend_that_fails_is_a_clear_error(monkeypatch):
     assert "MUJOCO_GL must be one of" in str(info.value)  # dm_control's own words
 
 
+def run_with_egl(code):
+    """`python -c code` with the user's `MUJOCO_GL=egl`; its completed process."""
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 def test_importing_the_package_keeps_opengl_out_of_the_process_only():
     code = (
         "import os, rllib_dreamerv3; from dm_control import _render; "
         "print(_render.BACKEND, os.environ['MUJOCO_GL'])"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "MUJOCO_GL": "egl"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_with_egl(code)
     assert out.returncode == 0, out.stderr[-2000:]  # no abort at exit either
     # No backend in this process (dm_control's name for 'disable'); the user's setting is back.
     assert out.stdout.split() == ["off", "egl"]
@@ -159,13 +161,7 @@ try:
 except Opened as opened:
     print("opened", opened)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "MUJOCO_GL": "egl"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_with_egl(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["opened", "egl"]
 
