@@ -72,7 +72,9 @@ def test_train_file_then_evaluate_the_checkpoint(tmp_path):
         timeout=300,
     )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    # A progress line per iteration, then the checkpoint and how to evaluate it.
+    # What comes before the first result (warm-up, compile), a progress line per iteration,
+    # then the checkpoint and how to evaluate it.
+    assert re.search(r": started: 16 warm-up env steps of random actions", train.stdout)
     for iteration in (1, 2):
         line = re.search(
             rf"iter {iteration} \| env steps (\d+) .*L_world_model (\S+)", train.stdout
