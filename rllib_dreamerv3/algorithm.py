@@ -712,9 +712,9 @@ class DreamerV3(Algorithm):
         if videos and importlib.util.find_spec("moviepy") is None:
             logger.warning(
                 "Dreams are on (dream_every_n_updates=%d) but moviepy is not installed: "
-                "TensorBoard gets their images, not their videos. pip install "
-                "'rllib-dreamerv3[video]' for videos, or set dream_every_n_updates=0 to turn "
-                "dreams off.",
+                "TensorBoard gets their images, not their videos. pip install moviepy (in a "
+                "clone: pip install -e '.[video]') for videos, or set dream_every_n_updates=0 "
+                "to turn dreams off.",
                 cfg.dream_every_n_updates,
             )
 

@@ -135,7 +135,8 @@ def make_dmc_env(env_id, env_config=None):
             from dm_control import suite
     except ImportError as err:
         raise ImportError(
-            f"{env_id!r} needs dm_control and shimmy: pip install 'rllib-dreamerv3[dmc]' ({err})."
+            f"{env_id!r} needs dm_control and shimmy: pip install shimmy dm_control (in a "
+            f"clone: pip install -e '.[dmc]') ({err})."
         ) from None
     if (domain, task) not in suite.ALL_TASKS:
         known = [f"DMC/{d}-{t}" for d, t in suite.ALL_TASKS]
