@@ -886,6 +886,7 @@ interrupts = importlib.util.module_from_spec(spec); spec.loader.exec_module(inte
 finished = threading.Event()
 
 def compile():  # as an XLA compile: a long computation in one C call that never sees signals
+    print("calling", flush=True)  # the call is under way: Ctrl-C must not wait for it
     hashlib.pbkdf2_hmac("sha256", b"key", b"salt", 100_000_000)
     finished.set()
 
@@ -895,7 +896,6 @@ class Context:  # as TF's objects, which the interpreter's teardown destroys at 
 
 context = Context()
 atexit.register(print, "exit handlers ran", flush=True)
-print("calling", flush=True)
 interrupts.call(compile)
 """
 
