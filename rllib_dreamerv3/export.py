@@ -194,7 +194,7 @@ def read_metadata(saved_model_dir):
 def export_tflite(saved_model_dir, out_file):
     """Convert the exported `step` signature to a TFLite model at `out_file`; returns
     `(out_file, None)`, or `(None, reason)` when the converter cannot (the ops it names)."""
-    if "step" not in tf.saved_model.load(os.fspath(saved_model_dir)).signatures:
+    if read_metadata(saved_model_dir).get("observation_space", "").startswith("Dict("):
         return None, "the policy takes Dict observations; TFLite models take flat tensors"
     converter = tf.lite.TFLiteConverter.from_saved_model(
         os.fspath(saved_model_dir), signature_keys=["step"]

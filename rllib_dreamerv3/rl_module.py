@@ -23,6 +23,19 @@ def _unstack(obs):
     return list(np.asarray(obs))
 
 
+def _missing_inputs_error(batch):
+    """The `KeyError` for a policy batch without all of `obs`, `is_first` and `state_in`."""
+    missing = [k for k in (Columns.OBS, IS_FIRST, Columns.STATE_IN) if k not in batch]
+    return KeyError(
+        f"DreamerV3RLModule's forward_inference/forward_exploration need the batch keys "
+        f"'obs', 'is_first' and 'state_in' (missing: {', '.join(map(repr, missing))}): "
+        "it is recurrent. For N envs: 'is_first' a bool array [N] (True where an env "
+        "starts anew), 'state_in' the previous call's 'state_out' (at the start: "
+        "get_initial_state() with each value stacked N times). Or call "
+        "module.act(obs, state), which keeps both for you."
+    )
+
+
 class DreamerV3RLModule(TfRLModule):
     """DreamerV3's networks (:class:`~rllib_dreamerv3.model.DreamerV3Model`) for RLlib.
 
@@ -144,20 +157,13 @@ class DreamerV3RLModule(TfRLModule):
         return out[Columns.ACTIONS].numpy(), state
 
     def _act(self, batch, explore):
-        missing = [k for k in (Columns.OBS, IS_FIRST, Columns.STATE_IN) if k not in batch]
-        if missing:
-            raise KeyError(
-                f"DreamerV3RLModule's forward_inference/forward_exploration need the batch keys "
-                f"'obs', 'is_first' and 'state_in' (missing: {', '.join(map(repr, missing))}): "
-                "it is recurrent. For N envs: 'is_first' a bool array [N] (True where an env "
-                "starts anew), 'state_in' the previous call's 'state_out' (at the start: "
-                "get_initial_state() with each value stacked N times). Or call "
-                "module.act(obs, state), which keeps both for you."
-            )
-        state = batch[Columns.STATE_IN]
+        try:
+            obs, is_first, state = batch[Columns.OBS], batch[IS_FIRST], batch[Columns.STATE_IN]
+        except KeyError:
+            raise _missing_inputs_error(batch) from None
         args = (
-            tf.nest.map_structure(tf.convert_to_tensor, batch[Columns.OBS]),
-            tf.convert_to_tensor(batch[IS_FIRST], tf.bool),
+            tf.nest.map_structure(tf.convert_to_tensor, obs),
+            tf.convert_to_tensor(is_first, tf.bool),
             tf.convert_to_tensor(state["h"]),
             tf.convert_to_tensor(state["z"]),
             tf.convert_to_tensor(state["action"]),
