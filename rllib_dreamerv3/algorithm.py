@@ -927,8 +927,9 @@ class DreamerV3(Algorithm):
             return
         updates_before = self._counters["num_updates"]
         if self._updates_at_first_step == updates_before and self._eta_reference is None:
+            how = "with XLA" if cfg.jit_compile else "as a TF graph"
             self._notice(
-                "compiling the update with XLA (once per process; a minute or more on a CPU)"
+                f"compiling the update {how} (once per process; a minute or more on a CPU)"
             )
         while self._counters["num_updates"] < target_updates:
             batch = self.replay_buffer.sample(cfg.batch_size_B)
