@@ -11,6 +11,8 @@ hard-link what an earlier checkpoint already holds), and reports it to Tune as T
 version; `tests/tf_rllib/test_tune_storage.py` fails when they change).
 """
 
+import os
+
 import ray
 
 from rllib_dreamerv3.tf_rllib.compat import PINNED_RAY_VERSION
@@ -38,6 +40,8 @@ def save_in_place(trainable, checkpoint_dir=None):
     metrics = trainable._last_result.copy() if trainable._last_result else {}
     storage._update_checkpoint_index(metrics)
     path = storage.checkpoint_fs_path
+    # Tune's contract: `save_checkpoint` is handed a directory that exists.
+    os.makedirs(path, exist_ok=True)
     trainable.save_checkpoint(path)
     storage.persist_artifacts(force=storage.sync_config.sync_artifacts_on_checkpoint)
     checkpoint = ray.tune.Checkpoint(filesystem=storage.storage_filesystem, path=path)

@@ -41,11 +41,6 @@ class Toy(tune.Trainable):
         return saved if saved is not None else super().save(checkpoint_dir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect, open: the trial fails in Ray's worker (restore finds no state.txt "
-    "in checkpoint_000000); save_in_place under a real Tune trial is unverified",
-)
 @pytest.mark.usefixtures("ray_session")
 def test_checkpoints_are_written_where_tune_keeps_them(tmp_path):
     analysis = tune.run(
