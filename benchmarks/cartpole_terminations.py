@@ -1,34 +1,28 @@
 """What ends the CartPole episodes of a checkpoint's policy, and whether its world model sees it.
 
+Backs docs/results.md: *What ends the episodes*.
+
 Usage: python benchmarks/cartpole_terminations.py CHECKPOINT [--episodes 10] [--explore]
        [--seed 1000] [--imagine 15]
 
-CHECKPOINT is a directory saved by `algo.save_to_path()` (or `benchmarks/learning.py
---save-checkpoint`) of a CartPole-v1 run. Plays `--episodes` episodes with the checkpoint's
-module, greedily unless `--explore`, and prints one JSON line per episode: its length and what
-ended it, "cart" (|x| > 2.4), "pole" (|angle| > 12 degrees) or "truncated" (500 steps), with the
-final cart position and pole angle.
-
-For an episode that terminates, the world model also dreams `--imagine` steps with the actor's
-greedy actions from the posterior state that many steps before the end: the line gives the
-cart position the decoder predicts at the end of the dream next to the real one, and the lowest
-continue probability along the dream. The critic learns only from such dreams, so a termination
-that the dream does not reach (a continue probability above 0.5 throughout) is one that the
-values do not foresee. A last line summarises the episodes.
+CHECKPOINT is a directory of `algo.save_to_path()` (`benchmarks/learning.py --save-checkpoint`)
+of a CartPole-v1 run. One JSON line per episode (greedy unless `--explore`): its length and what
+ended it, "cart" (|x| > 2.4), "pole" (|angle| > 12 degrees) or "truncated" (500 steps). For a
+termination the world model also dreams the last `--imagine` steps with greedy actions from the
+posterior state that many steps before the end: the decoded final cart position and the lowest
+continue probability along the dream (above 0.5 throughout: the values do not foresee the end).
+A last line summarises the episodes.
 """
 
-import argparse
-import json
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import common
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from rllib_dreamerv3.export import MODULE_PATH  # noqa: E402
-from rllib_dreamerv3.rl_module import DreamerV3RLModule  # noqa: E402
+from rllib_dreamerv3.export import MODULE_PATH
+from rllib_dreamerv3.rl_module import DreamerV3RLModule
 
 
 def play(model, env, seed, explore, policy_seed):
@@ -71,7 +65,7 @@ def dream(model, carry, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__)
     parser.add_argument("checkpoint")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--explore", action="store_true", help="sample actions (default: greedy)")
@@ -103,20 +97,12 @@ def main():
             dreamed_x, lowest_continue = dream(model, carries[-args.imagine], args.imagine)
             line["dreamed_final_x"] = round(dreamed_x, 3)
             line["dream_lowest_continue"] = round(lowest_continue, 3)
-        print(json.dumps(line), flush=True)
+        common.emit(line)
         lengths.append(length)
         causes.append(cause)
     summary = {c: causes.count(c) for c in ("cart", "pole", "truncated")}
-    print(
-        json.dumps(
-            {
-                "checkpoint": args.checkpoint,
-                "explore": args.explore,
-                "mean_length": float(np.mean(lengths)),
-                **summary,
-            }
-        )
-    )
+    summary.update(checkpoint=args.checkpoint, explore=args.explore, mean_length=np.mean(lengths))
+    common.emit(summary)
 
 
 if __name__ == "__main__":

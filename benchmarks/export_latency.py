@@ -1,5 +1,7 @@
 """Latency of one policy step: the exported SavedModel vs the RLModule the EnvRunners use.
 
+Backs docs/performance.md: the table of *Exported policy (SavedModel)*.
+
 Usage: python benchmarks/export_latency.py [--env CartPole-v1] [--size XS] [--batch 1 16]
        [--steps 300]
 
@@ -9,11 +11,9 @@ each batch size, after a warm-up. Prints one JSON line per batch size, and the S
 size on disk.
 """
 
-import argparse
-import json
 import tempfile
-import time
 
+import common
 import numpy as np
 import tensorflow as tf
 from ray.rllib.core.columns import Columns
@@ -25,21 +25,18 @@ from rllib_dreamerv3.rl_module import IS_FIRST
 
 
 def seconds_per_call(fn, steps):
-    for _ in range(20):
-        fn()
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - start) / steps
+    common.timed(fn, 20)  # warm-up
+    return sum(common.timed(fn, steps)) / steps
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--size", default="XS")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
+    common.emit(common.machine())
     config = DreamerV3Config().environment(args.env).training(model_size=args.size)
     env = make_env(config)  # ALE ids: the paper's Atari env (64x64 frames)
     module = config.get_rl_module_spec(env=env).build()
@@ -55,22 +52,19 @@ def main():
         module_batch = {Columns.OBS: obs, Columns.STATE_IN: state, IS_FIRST: first}
         served_state = policy.initial_state(tf.constant(batch))
         served_inputs = {"obs": tf.constant(obs), "is_first": tf.constant(first), **served_state}
-        print(
-            json.dumps(
-                {
-                    "env": args.env,
-                    "size": args.size,
-                    "batch": batch,
-                    "saved_model_s": seconds_per_call(
-                        lambda inputs=served_inputs: policy.step(**inputs), args.steps
-                    ),
-                    "rl_module_s": seconds_per_call(
-                        lambda batch=module_batch: module.forward_inference(batch), args.steps
-                    ),
-                    "saved_model_mb": round(size / 1e6, 3),
-                }
-            ),
-            flush=True,
+        common.emit(
+            {
+                "env": args.env,
+                "size": args.size,
+                "batch": batch,
+                "saved_model_s": seconds_per_call(
+                    lambda inputs=served_inputs: policy.step(**inputs), args.steps
+                ),
+                "rl_module_s": seconds_per_call(
+                    lambda batch=module_batch: module.forward_inference(batch), args.steps
+                ),
+                "saved_model_mb": round(size / 1e6, 3),
+            }
         )
 
 

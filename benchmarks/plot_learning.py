@@ -1,5 +1,8 @@
 """Plot the return curves of `benchmarks/learning.py` runs (JSON lines) into one PNG.
 
+Backs docs/results.md: every learning-curve figure (`docs/figures/*.png` but the dreams and
+reconstructions, which `learning.py --dreams-dir` saves).
+
 Usage: python benchmarks/plot_learning.py OUT.png RUN.jsonl [RUN.jsonl ...]
        [--goal 450] [--title "CartPole, 5 seeds"] [--frames-per-step 2]
        [--reference 15000:371 --reference 25000:490 --reference-label "author, S"]

@@ -5,33 +5,19 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(*args, timeout):
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "multi_learner_speed.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-
-
-def test_multi_learner_speed_prints_the_figures():
-    proc = _run(
-        *("--sizes", "nano", "--updates", "2", "--batch-size", "4"),
-        *("--batch-length", "8", "--horizon", "3"),
-        timeout=600,
+@pytest.mark.slow  # two Learner processes: minutes on a 2-core machine
+def test_multi_learner_speed_smoke_run_prints_the_figures():
+    script = os.path.join(ROOT, "benchmarks", "multi_learner_speed.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["size"] == "nano" and (result["B"], result["T"], result["H"]) == (4, 8, 3)
     for key in ("local_xla_s", "local_graph_s", "learners_2_s", "allreduce_2_s"):
         assert result[key] > 0, key
-    assert result["threads_per_learner"] >= 1
-
-
-def test_multi_learner_speed_rejects_learner_counts_that_do_not_divide_the_batch():
-    proc = _run("--learners", "3", "--batch-size", "16", timeout=120)
-    assert proc.returncode == 2 and "--learners 3" in proc.stderr
