@@ -5,10 +5,11 @@ Usage: python benchmarks/replay_checkpoints.py [--steps 10000 100000 1000000] [-
 
 A synthetic Atari buffer (64x64x3 uint8 frames, 6 actions, 16 env streams) is filled through
 `ReplayBuffer.add` to each size, then saved as a checkpoint is (chunk files, a manifest, a
-rename): the first save, a save after 1,000 new steps, and more such saves keeping the last
-`--keep` (disk use counts hard-linked files once). Restore reads every file once, checking it
-against the manifest. Up to `--old-format-up-to` steps, the former format (the whole buffer
-pickled into the state file, then hashed) is timed too. `--sample-steps` compares sampling
+rename): the first save, a save after 1,000 new steps (once the previous save has reached the
+disk), and more such saves keeping the last `--keep` (disk use counts hard-linked files
+once). Restore reads every file once, checking it against the manifest. Up to
+`--old-format-up-to` steps, the former format (the whole buffer pickled into the state file,
+then hashed) is timed too. `--sample-steps` compares sampling
 [B=16, T=64] batches from RAM and from memory-mapped storage (warm page cache, alternating
 rounds) and the growth of the process's anonymous and file-backed resident memory per fill.
 One JSON line per measurement.
@@ -122,6 +123,9 @@ def checkpoint_figures(steps, args, rng):
     for i in range(args.keep + 2):
         if i:
             fill(buffer, 1000, rng)
+            # Minutes pass between two checkpoints of a run, time enough for the OS to write the
+            # last one back; timed at once, a save would wait behind that writeback instead.
+            os.sync()
         path = os.path.join(root, f"checkpoint_{i:06d}")
         seconds, written, files = save(buffer, path, files)
         paths.append(path)
@@ -132,7 +136,7 @@ def checkpoint_figures(steps, args, rng):
     row["disk_use_of_kept_checkpoints"] = {"kept": len(paths), "bytes": disk_use(paths)}
     buffer.close()
     del buffer
-    os.system("sync")
+    os.sync()
     seconds, restored = restore(paths[-1], steps)
     row["restore_s"] = round(seconds, 3)
     row["restore_bytes_read"] = disk_use(paths[-1:])

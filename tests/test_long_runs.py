@@ -41,13 +41,26 @@ def _trial_dir(storage):
     return next(p for p in experiment.iterdir() if p.is_dir() and p.name.startswith("DreamerV3"))
 
 
-def _newest_checkpoint(trial):
-    found = sorted(p for p in trial.iterdir() if p.name.startswith("checkpoint_"))
-    if not found:
-        return None
-    with open(found[-1] / "replay_buffer" / "state.pkl", "rb") as f:
-        state = pickle.load(f)
-    return found[-1].name, state["added"], state["size"]
+def _checkpoints(trial):
+    """`[(env steps, episodes, replay steps stored, name)]` of the trial's complete checkpoints
+    (those with a manifest), read from the files themselves."""
+    found = []
+    for path in trial.iterdir():
+        if not (path.name.startswith("checkpoint_") and (path / "dreamer_manifest.json").exists()):
+            continue
+        with open(path / "algorithm_state.pkl", "rb") as f:
+            stats = pickle.load(f)["metrics_logger"]["stats"]
+        with open(path / "replay_buffer" / "state.pkl", "rb") as f:
+            replay = pickle.load(f)
+        found.append(
+            (
+                int(stats["env_runners--num_env_steps_sampled_lifetime"]["lifetime_sum"]),
+                int(stats["env_runners--num_episodes_lifetime"]["lifetime_sum"]),
+                replay["size"],
+                path.name,
+            )
+        )
+    return sorted(found)
 
 
 def _results(trial):
@@ -85,7 +98,7 @@ def test_killed_five_times_and_resumed_the_run_reaches_its_stop(tmp_path):
             start_new_session=True,
             env=env,
         )
-        checkpoint = _newest_checkpoint(_trial_dir(storage)) if kill else None
+        saved = _checkpoints(_trial_dir(storage)) if kill else []
         seen, first, deadline = [], None, None
         for line in proc.stdout:
             if " iter " in line and "| env steps " in line:
@@ -97,19 +110,104 @@ def test_killed_five_times_and_resumed_the_run_reaches_its_stop(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
         proc.wait()
-        rounds.append({"kill": kill, "checkpoint": checkpoint, "first": first, "last": seen[-1]})
+        rounds.append({"kill": kill, "checkpoints": saved[-2:], "first": first, "last": seen[-1]})
+        print(json.dumps(rounds[-1]), flush=True)
+        for env_steps, episodes, stored, name in saved:
+            # Nothing is evicted at this size: replay holds every sampled step plus each
+            # finished episode's last observation, in every checkpoint.
+            assert stored == env_steps + episodes, (name, env_steps, episodes, stored)
         if kill:
-            name, added, size = checkpoint
-            # The resumed run continues from the newest checkpoint: its first iteration adds one
-            # iteration's steps to the checkpoint's, and the replay buffer holds what it held.
-            assert added < first <= added + 64, rounds[-1]
+            # Tune resumed from the newest checkpoint, or (killed before Tune recorded it) the
+            # one before: its first iteration adds one iteration's steps to that counter.
+            restored = [c for c in saved if c[0] < first <= c[0] + 64]
+            assert restored and restored[-1] in saved[-2:], rounds[-1]
             resumed = [
                 r
                 for r in _results(_trial_dir(storage))
                 if r["env_runners"]["num_env_steps_sampled_lifetime"] == first
             ][-1]
+            # ... and the replay buffer holds what that checkpoint held, plus that iteration's.
             stored = resumed["replay_buffer"]["num_steps_stored"]
-            assert stored == size + (first - added), (stored, size, first, added)
+            episodes = resumed["env_runners"]["num_episodes_lifetime"]
+            assert stored == first + episodes, (stored, first, episodes)
         if kill == 5:
             assert proc.returncode == 0 and seen[-1] >= STOP, rounds
     print(json.dumps(rounds))
+
+
+# --- an env that fails often and builds slowly, in a remote EnvRunner, on a loaded machine --
+_FLAKY_RUN = r"""
+import json, sys, time
+import gymnasium as gym
+import numpy as np
+import ray
+from helpers import tiny_config
+
+class FlakySlowEnv(gym.Env):
+    # Takes `build_s` to construct (every construction, as a restarted runner's env) and raises
+    # at every `raise_every`-th step of its life.
+    observation_space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, config):
+        time.sleep(config["build_s"])
+        self.every, self.count = config["raise_every"], 0
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.count += 1
+        if self.count % self.every == 0:
+            raise RuntimeError(f"scripted env failure at step {self.count}")
+        return np.array([self.count % 25, 0], np.float32), 1.0, False, self.count % 25 == 0, {}
+
+stop, build_s, raise_every = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+ray.init(num_cpus=2, include_dashboard=False)
+config = (
+    tiny_config(FlakySlowEnv)
+    .environment(FlakySlowEnv, env_config=dict(build_s=build_s, raise_every=raise_every))
+    .env_runners(num_env_runners=1)
+)  # RLlib's fault-tolerance defaults: restart_failed_env_runners, a 60 s restart delay
+algo = config.build_algo()
+sampled, start = [], time.monotonic()
+while not sampled or sampled[-1] < stop:
+    result = algo.train()
+    sampled.append(int(result["env_runners"]["num_env_steps_sampled_lifetime"]))
+restarts = algo.env_runner_group.num_remote_worker_restarts()
+algo.stop()
+print(json.dumps({"sampled": sampled, "restarts": restarts, "s": round(time.monotonic() - start)}))
+"""
+
+
+@pytest.mark.slow
+def test_ten_runs_with_a_failing_slowly_built_env_all_finish(tmp_path):
+    """10 runs, two at a time, each with a remote EnvRunner whose env takes 45 s to build and
+    raises every 150 steps (two restarts a run, each after RLlib's 60 s delay): every run
+    reaches its stop with a continuous env-step count. Prints one JSON line a run."""
+    script = tmp_path / "flaky_run.py"
+    script.write_text(_FLAKY_RUN)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": tests}
+    runs = []
+    for _ in range(5):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), "400", "45", "150"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            )
+            for _ in range(2)
+        ]
+        for proc in procs:
+            out, _ = proc.communicate(timeout=1800)
+            last = out.strip().splitlines()[-1] if out.strip() else ""
+            assert proc.returncode == 0, out[-4000:]
+            runs.append(json.loads(last))
+            print(json.dumps({"run": len(runs), "load_1min": os.getloadavg()[0], **runs[-1]}))
+    for run in runs:
+        steps = run["sampled"]
+        assert steps[-1] >= 400 and run["restarts"] >= 2, run
+        assert all(b - a >= 16 for a, b in zip(steps, steps[1:])), run  # no step lost or reset

@@ -5,7 +5,9 @@ RLlib's new API stack assumes torch in a few places (`utils/framework.py`'s `get
 touch RLlib internals to work around that lives in this module, guarded by the pinned Ray
 version, so that a Ray upgrade only has to revisit this file. The second patch gives
 `Algorithm.from_checkpoint` and `Checkpointable.from_checkpoint` a hook that checks a local
-checkpoint before RLlib reads any of it (:func:`register_restore_check`).
+checkpoint before RLlib reads any of it (:func:`register_restore_check`); the third has Ray
+Tune record every trial checkpoint in its experiment state at once, so that a resumed
+experiment continues from each trial's newest checkpoint.
 """
 
 import logging
@@ -100,6 +102,31 @@ def _patch_from_checkpoint():
             owner.from_checkpoint = _checked_from_checkpoint(current)
 
 
+def _sync_after_every_checkpoint(original):
+    """Wrap `_ExperimentCheckpointManager.on_trial_checkpoint`, which forces Tune to save its
+    experiment state only every `num_to_keep` trial checkpoints (otherwise every 10 s or more,
+    self-adjusted to 19 times the time a save takes). Resuming an experiment restores each
+    trial from the checkpoint that state names, so a kill after a trial checkpoint but before
+    that save lost everything since the checkpoint before it (or several). Forcing the save at
+    every trial checkpoint bounds what a kill loses to one checkpoint interval; the state is a
+    small file, written once per trial checkpoint."""
+
+    def on_trial_checkpoint(self, trial):
+        original(self, trial)
+        self._should_force_sync_up = True
+
+    on_trial_checkpoint._rllib_dreamerv3_patch = True
+    on_trial_checkpoint._original = original
+    return on_trial_checkpoint
+
+
+def _patch_experiment_state_sync():
+    from ray.tune.execution.experiment_state import _ExperimentCheckpointManager as manager
+
+    if not getattr(manager.on_trial_checkpoint, "_rllib_dreamerv3_patch", False):
+        manager.on_trial_checkpoint = _sync_after_every_checkpoint(manager.on_trial_checkpoint)
+
+
 def apply_ray_patches():
     """Patch Ray at run time where RLlib 2.60 refuses TF; no-op on any other Ray version.
 
@@ -123,6 +150,8 @@ def apply_ray_patches():
     applied.append("learner_group._get_backend_config")
     _patch_from_checkpoint()
     applied.append("from_checkpoint restore checks")
+    _patch_experiment_state_sync()
+    applied.append("experiment state saved after every trial checkpoint")
     silence_rllib_notices()
     applied.append("silenced notices")
     return applied

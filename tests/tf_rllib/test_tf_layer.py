@@ -411,6 +411,7 @@ def test_apply_ray_patches_makes_tf2_backend_config():
     applied = [
         "learner_group._get_backend_config",
         "from_checkpoint restore checks",
+        "experiment state saved after every trial checkpoint",
         "silenced notices",
     ]
     assert apply_ray_patches() == applied

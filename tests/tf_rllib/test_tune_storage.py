@@ -87,3 +87,24 @@ def test_from_checkpoint_hook_wraps_rays_classmethods():
     finally:
         compat._RESTORE_CHECKS.remove(seen.append)
     assert ray.__version__ == compat.PINNED_RAY_VERSION
+
+
+def test_tune_saves_its_experiment_state_after_every_trial_checkpoint():
+    from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+
+    compat.apply_ray_patches()
+    patched = _ExperimentCheckpointManager.on_trial_checkpoint
+    assert getattr(patched, "_rllib_dreamerv3_patch", False)
+    assert patched._original.__qualname__ == "_ExperimentCheckpointManager.on_trial_checkpoint"
+    # Tune's own rule (num_to_keep=3): a forced save only at every third trial checkpoint.
+    for patch in (False, True):
+        method = patched if patch else patched._original
+        manager = _ExperimentCheckpointManager(
+            storage=None, checkpoint_period="auto", sync_every_n_trial_checkpoints=3
+        )
+        forced = []
+        for _ in range(3):
+            method(manager, "trial")
+            forced.append(manager._should_force_sync_up)
+            manager._should_force_sync_up = False
+        assert forced == ([True, True, True] if patch else [False, False, True])
