@@ -1,64 +1,47 @@
-"""The `rllib` command: train RLlib-style YAML experiments with Ray Tune, evaluate checkpoints.
+"""The `rllib` command: train RLlib-style YAML experiments with Ray Tune's own runner.
 
     rllib train file tuned_examples/cartpole.yaml [--stop '{training_iteration: 5}'] ...
     rllib train --env CartPole-v1 --config '{model_size: micro}' --stop '{training_iteration: 5}'
     rllib evaluate ~/ray_results/EXPERIMENT/TRIAL/checkpoint_000000 --episodes 10
 
-Ray 2.60 installs no `rllib` command, so this package does; `rllib-dreamerv3` and
-`python -m rllib_dreamerv3` are the same program under names nothing else claims.
+A YAML file is what `tune.run_experiments` reads: its experiments are checked here first, so a
+misspelt key or a bad value is named before Ray starts, then `tune.Experiment.from_json` makes
+them. `rllib evaluate` and `rllib export` live in `rllib_dreamerv3.evaluate`. Ray 2.60 installs
+no `rllib` command, so this package does; `rllib-dreamerv3` and `python -m rllib_dreamerv3` are
+the same program under names nothing else claims.
 """
 
 import argparse
 import dataclasses
-import difflib
 import importlib.metadata
-import importlib.util
-import json
 import logging
 import os
-import pickle
 import sys
-import time
 
-import numpy as np
 import ray
 import yaml
 from ray import tune
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.utils.checkpoints import Checkpointable
-from tqdm import tqdm
 
-from rllib_dreamerv3 import checkpoints
 from rllib_dreamerv3.algorithm import DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
-from rllib_dreamerv3.env_runner import DreamerV3EnvRunner, make_env
-from rllib_dreamerv3.export import MODULE_PATH as MODULE_STATE_DIR
-from rllib_dreamerv3.export import (
-    export_policy,
-    export_tflite,
-    read_metadata,
-    run_saved_model,
-    saved_model_bytes,
+from rllib_dreamerv3.evaluate import (  # noqa: F401 - load_checkpoint_config, as cli's before
+    MODULE_STATE_DIR,
+    CliError,
+    add_commands,
+    evaluate_command,
+    export_command,
+    load_checkpoint_config,
 )
-from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, progress_line
-from rllib_dreamerv3.progress import format_duration as progress_format_duration
-from rllib_dreamerv3.progress import format_number as fmt
-from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError
+from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, format_duration, progress_line
+from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError, closest
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
 # An experiment is what `tune.Experiment.from_json` reads: `run`, RLlib's `env` (moved into
 # `config`) and these arguments of `tune.Experiment`. Not its others: DreamerV3 requests its own
 # resources (`resources_per_trial` would fail), `time_budget_s` is `stop: {time_total_s: N}`.
-EXPERIMENT_KEYS = (
-    "run",
-    "env",
-    "stop",
-    "config",
-    "checkpoint_config",
-    "num_samples",
-    "storage_path",
-    "max_failures",
+EXPERIMENT_KEYS = tuple(
+    "run env stop config checkpoint_config num_samples storage_path max_failures".split()
 )
 CHECKPOINT_CONFIG_KEYS = tuple(
     f.name for f in dataclasses.fields(tune.CheckpointConfig) if not f.name.startswith("_")
@@ -66,10 +49,6 @@ CHECKPOINT_CONFIG_KEYS = tuple(
 _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
 # Checkpoints kept per trial unless checkpoint_config says otherwise (Tune deletes older ones).
 DEFAULT_NUM_TO_KEEP = 3
-
-
-class CliError(Exception):
-    """A user error: printed as one paragraph (no traceback), exit code 2."""
 
 
 # --- experiments ----------------------------------------------------------------------------------
@@ -109,14 +88,8 @@ def load_experiments(path):
     return experiments
 
 
-def _closest(word, choices, cutoff):
-    """The choice most like `word` (difflib's ratio at least `cutoff`), or None."""
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=cutoff)
-    return close[0] if close else None
-
-
 def _did_you_mean(word, choices):
-    close = _closest(str(word), [c for c in choices if not c.startswith("_")], 0.6)
+    close = closest(str(word), [c for c in choices if not c.startswith("_")], 0.6)
     return f" Did you mean {close!r}?" if close else ""
 
 
@@ -213,22 +186,22 @@ def _checked_config_keys(where, config):
 
 
 def _check_checkpoint_config(where, checkpoint_config):
-    """A `CliError` unless `checkpoint_config` is a valid `tune.CheckpointConfig` mapping."""
+    """A `CliError` unless `checkpoint_config` makes a `tune.CheckpointConfig`."""
     if not isinstance(checkpoint_config, dict):
         raise CliError(
             f"{where}: checkpoint_config must be a mapping, e.g. "
             "{checkpoint_frequency: 10, checkpoint_at_end: true}."
         )
-    for key in checkpoint_config:
-        if key not in CHECKPOINT_CONFIG_KEYS:
-            raise CliError(
-                f"{where}: unknown checkpoint_config key {key!r}."
-                f"{_did_you_mean(key, CHECKPOINT_CONFIG_KEYS)} Use {list(CHECKPOINT_CONFIG_KEYS)}"
-                " (ray.tune.CheckpointConfig)."
-            )
     try:
         tune.CheckpointConfig(**checkpoint_config)
-    except (ValueError, TypeError) as err:
+    except TypeError:  # an unexpected keyword argument
+        key = next(k for k in checkpoint_config if k not in CHECKPOINT_CONFIG_KEYS)
+        raise CliError(
+            f"{where}: unknown checkpoint_config key {key!r}."
+            f"{_did_you_mean(key, CHECKPOINT_CONFIG_KEYS)} Use {list(CHECKPOINT_CONFIG_KEYS)}"
+            " (ray.tune.CheckpointConfig)."
+        ) from None
+    except ValueError as err:
         raise CliError(f"{where}: checkpoint_config: {_one_paragraph(err)}") from None
 
 
@@ -314,47 +287,54 @@ def _parse_mapping(text, option):
 
 def apply_overrides(experiments, args):
     """The command line's `--env`, `--config`, `--stop`, ... applied to every experiment."""
-    config = _parse_mapping(args.config, "--config") if getattr(args, "config", None) else {}
-    stop = _parse_mapping(args.stop, "--stop") if getattr(args, "stop", None) else None
+    given = vars(args)  # only the options given (argparse.SUPPRESS)
+    config = _parse_mapping(args.config, "--config") if "config" in given else {}
+    top = {k: given[k] for k in ("num_samples", "max_failures", "storage_path") if k in given}
+    if "stop" in given:
+        top["stop"] = _parse_mapping(args.stop, "--stop")
+    if "env" in given:
+        top["env"] = args.env
+    checkpoint = {"checkpoint_frequency": given.get("checkpoint_freq")}
+    checkpoint["checkpoint_at_end"] = given.get("checkpoint_at_end")
     out = {}
     for name, spec in experiments.items():
-        spec = dict(spec)
+        spec = {**spec, **top}
         if isinstance(spec.get("config") or {}, dict):  # else check_experiment says what's wrong
             spec["config"] = {**(spec.get("config") or {}), **config}
-            if getattr(args, "env", None):
+            if "env" in given:
                 spec["config"].pop("env", None)
-        if getattr(args, "env", None):
-            spec["env"] = args.env
-        if stop is not None:
-            spec["stop"] = stop
         if isinstance(spec.get("checkpoint_config") or {}, dict):
-            checkpoint_config = dict(spec.get("checkpoint_config") or {})
-            if getattr(args, "checkpoint_freq", None) is not None:
-                checkpoint_config["checkpoint_frequency"] = args.checkpoint_freq
-            if getattr(args, "checkpoint_at_end", None) is not None:
-                checkpoint_config["checkpoint_at_end"] = args.checkpoint_at_end
-            checkpoint_config.setdefault("checkpoint_at_end", True)
-            checkpoint_config.setdefault("num_to_keep", DEFAULT_NUM_TO_KEEP)
-            spec["checkpoint_config"] = checkpoint_config
-        if getattr(args, "num_samples", None) is not None:
-            spec["num_samples"] = args.num_samples
-        if getattr(args, "max_failures", None) is not None:
-            spec["max_failures"] = args.max_failures
-        if getattr(args, "storage_path", None):
-            spec["storage_path"] = args.storage_path
+            spec["checkpoint_config"] = {
+                "checkpoint_at_end": True,
+                "num_to_keep": DEFAULT_NUM_TO_KEEP,
+                **(spec.get("checkpoint_config") or {}),
+                **{k: v for k, v in checkpoint.items() if v is not None},
+            }
         out[name] = spec
     return out
 
 
 # --- training with Tune ---------------------------------------------------------------------------
+# `--resume`: unfinished trials (a killed run leaves them RUNNING) and errored ones continue from
+# their latest checkpoint; finished ones are kept as they are.
+RESUME = tune.ResumeConfig(
+    unfinished=tune.ResumeConfig.ResumeType.RESUME,
+    errored=tune.ResumeConfig.ResumeType.RESUME,
+)
+
+
 def run_experiments(experiments, source, args):
-    """Run every experiment with Tune (`tune.run` of each `tune.Experiment`, one after the
-    other); 0 if every trial finished cleanly, 1 if one failed, 130 if interrupted."""
+    """Run the experiments with `tune.run_experiments`, one after the other (each with its own
+    stop criteria, checkpoints and directory); 0 if every trial finished cleanly, 1 if one
+    failed, 130 if interrupted."""
     checked = {name: check_experiment(source, name, spec) for name, spec in experiments.items()}
     todo = [
         make_experiment(name, spec, f"{source}, experiment {name!r}")
         for name, spec in checked.items()
     ]
+    resume = getattr(args, "resume", None)
+    for experiment in todo:
+        _check_resume(experiment, resume, source)
     # Tune's classic output engine: it prints nothing at verbose=0 and takes a `CLIReporter`
     # with chosen columns (the default engine prints its banners at any verbosity).
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
@@ -365,93 +345,85 @@ def run_experiments(experiments, source, args):
         ignore_reinit_error=True,
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
-    failed = False
-    resume = getattr(args, "resume", None)
-    for experiment in todo:
-        stopper, name = experiment.stopper, experiment.storage.experiment_dir_name
-        path = experiment.storage.experiment_fs_path
-        _check_resume(name, path, resume, source)
+    run = TrainLines(todo)
+    tune.run_experiments(
+        todo,
+        verbose=verbose,
+        progress_reporter=status_table({k: v for e in todo for k, v in e.spec["config"].items()}),
+        resume_config=RESUME if resume else None,
+        raise_on_failed_trial=False,
+        concurrent=False,  # a run of all at once would take the first one's stop and checkpoints
+        callbacks=[run],
+    )
+    return 1 if run.failed else 0
+
+
+class TrainLines(ProgressLines):
+    """The progress lines, and per experiment where it writes, when it checkpoints and how its
+    trials ended; after an interrupt or a wrong stop key no further experiment starts."""
+
+    def __init__(self, experiments):
+        super().__init__()
+        self.todo, self.failed = iter(experiments), False
+
+    def setup(self, **info):  # Tune starts the next experiment
+        self.experiment = experiment = next(self.todo)
+        name, path = experiment.storage.experiment_dir_name, experiment.storage.experiment_fs_path
+        self.stop = experiment.stopper and experiment.stopper.stop
         print(f"{name}: results in {path}; watch with: tensorboard --logdir {path}", flush=True)
         print(f"{name}: {_checkpoint_plan(experiment)}", flush=True)
-        if stopper is None:
+        if experiment.stopper is None:
             print(
                 f"{name}: no stop criterion, training runs until Ctrl-C (add "
                 "--stop '{training_iteration: 10}').",
                 flush=True,
             )
-        analysis = tune.run(
-            experiment,
-            verbose=verbose,
-            progress_reporter=status_table(experiment.spec["config"]),
-            raise_on_failed_trial=False,
-            callbacks=[ProgressLines(stopper and stopper.stop)],
-            resume_config=RESUME if resume else None,
-        )
+
+    def on_experiment_end(self, trials, **info):
+        stopper, storage = self.experiment.stopper, self.experiment.storage
         if stopper is not None and stopper.problem:  # Tune stopped cleanly; say why, exit 2
             raise CliError(stopper.problem)
-        ends = [_report_trial(trial) for trial in analysis.trials]
-        if "interrupted" in ends:  # Tune handled Ctrl-C and returned: no further experiments
+        ends = [_report_trial(trial) for trial in trials]
+        if "interrupted" in ends:  # Tune handled Ctrl-C: no further experiments
             print(
-                f"{name}: interrupted; results so far in {path}. Continue with the same "
-                "command and --resume.",
+                f"{storage.experiment_dir_name}: interrupted; results so far in "
+                f"{storage.experiment_fs_path}. Continue with the same command and --resume.",
                 file=sys.stderr,
             )
-            return 130
-        failed = failed or "failed" in ends
-    return 1 if failed else 0
+            raise KeyboardInterrupt
+        self.failed = self.failed or "failed" in ends
 
 
-# `--resume`: unfinished trials (a killed run leaves them RUNNING) and errored ones continue from
-# their latest checkpoint; finished ones are kept as they are.
-RESUME = tune.ResumeConfig(
-    unfinished=tune.ResumeConfig.ResumeType.RESUME,
-    errored=tune.ResumeConfig.ResumeType.RESUME,
-)
-
-
-def unfinished_trials(path):
-    """`[(trial id, status)]` of the trials of the experiment at `path` that did not finish
-    (Tune's experiment state; empty where there is none)."""
-    if not os.path.isdir(path) or not any(
-        f.startswith("experiment_state") for f in os.listdir(path)
-    ):
-        return []
-    from ray.tune import ExperimentAnalysis
-
-    try:
-        trials = ExperimentAnalysis(path).trials
-    except Exception:  # noqa: BLE001 - an unreadable state: Tune itself says more on resume
-        return []
-    return [(t.trial_id, t.status) for t in trials if t.status != "TERMINATED"]
-
-
-def _check_resume(name, path, resume, source):
+def _check_resume(experiment, resume, source):
     """`--resume` needs an experiment to continue; a run without it over unfinished trials is
     refused with the command that continues them (`--no-resume` starts new trials beside)."""
-    if resume is False:
-        return
-    unfinished = unfinished_trials(path)
+    name, path = experiment.storage.experiment_dir_name, experiment.storage.experiment_fs_path
     if resume and not os.path.isdir(path):
         raise CliError(
             f"{name}: --resume, but {path} holds no experiment to continue. Run without "
             "--resume to start it (or give the --storage-path of the first run)."
         )
-    if resume is None and unfinished:
-        trials = ", ".join(f"{trial} ({status})" for trial, status in unfinished[:5])
+    if resume is not None or not tune.Tuner.can_restore(path):
+        return
+    try:
+        trials = tune.ExperimentAnalysis(path).trials
+    except Exception:  # noqa: BLE001 - an unreadable state: Tune itself says more on resume
+        return
+    unfinished = [f"{t.trial_id} ({t.status})" for t in trials if t.status != "TERMINATED"]
+    if unfinished:
         again = source if source.endswith((".yaml", ".yml")) else "..."
         raise CliError(
-            f"{name}: {path} holds trials that did not finish: {trials}. Continue them from "
-            f"their latest checkpoints with `rllib train file {again} --resume` (same "
-            "options), or start new trials beside them with --no-resume."
+            f"{name}: {path} holds trials that did not finish: {', '.join(unfinished[:5])}. "
+            f"Continue them from their latest checkpoints with `rllib train file {again} "
+            "--resume` (same options), or start new trials beside them with --no-resume."
         )
 
 
 def _checkpoint_plan(experiment):
     """One sentence on when this experiment checkpoints and how many checkpoints it keeps."""
-    config = experiment.spec["config"]
-    interval = _first_variant(config.get("checkpoint_interval_s", 900.0))
+    interval = _first_variant(experiment.spec["config"].get("checkpoint_interval_s", 900.0))
     keep = experiment.checkpoint_config.num_to_keep
-    every = f"every {progress_format_duration(interval)} of training" if interval else "never"
+    every = f"every {format_duration(interval)} of training" if interval else "never"
     kept = f"the last {keep} kept" if keep else "all kept"
     return (
         f"checkpoints {every} (checkpoint_interval_s) and at the end; {kept} "
@@ -462,14 +434,13 @@ def _checkpoint_plan(experiment):
 def status_table(param_space):
     """Tune's status table for DreamerV3 trials: return, losses and env steps, and only the
     swept parameters (the `grid_search`/search-space entries of `param_space`)."""
-    swept = [k for k, v in param_space.items() if _first_variant(v) is not v]
     return tune.CLIReporter(
         metric_columns={
             "num_env_steps_sampled_lifetime": "env steps",
             "episode_return_mean": "return",
             **{name: name for name in PROGRESS_LOSSES},
         },
-        parameter_columns=swept,
+        parameter_columns=[k for k, v in param_space.items() if _first_variant(v) is not v],
         max_report_frequency=30,
     )
 
@@ -477,16 +448,15 @@ def status_table(param_space):
 def _report_trial(trial):
     """Print how `trial` ended (its checkpoint and how to evaluate it); "done", "failed" or
     "interrupted"."""
-    iteration = trial.last_result.get("training_iteration", 0)
     if trial.status == trial.ERROR:
-        where = trial.error_file or "the trial's directory"
         last_line = ""
         if trial.error_file and os.path.isfile(trial.error_file):
             with open(trial.error_file) as f:
                 last_line = ([""] + f.read().strip().splitlines())[-1]
+        where = trial.error_file or "the trial's directory"
         print(
-            f"{trial}: FAILED after {iteration} iterations ({last_line or 'see the traceback'}). "
-            f"Full traceback: {where}",
+            f"{trial}: FAILED after {trial.last_result.get('training_iteration', 0)} iterations "
+            f"({last_line or 'see the traceback'}). Full traceback: {where}",
             file=sys.stderr,
             flush=True,
         )
@@ -494,152 +464,12 @@ def _report_trial(trial):
     ended = trial.status == trial.TERMINATED
     label = "done," if ended else f"stopped ({trial.status}),"
     print(f"{trial}: {progress_line(label, trial.last_result)}", flush=True)
-    checkpoint = trial.checkpoint
-    if checkpoint is not None:
+    if trial.checkpoint is not None:
+        path = trial.checkpoint.path
         print(
-            f"  checkpoint: {checkpoint.path}\n  evaluate:   rllib evaluate {checkpoint.path} "
-            "--episodes 10",
-            flush=True,
+            f"  checkpoint: {path}\n  evaluate:   rllib evaluate {path} --episodes 10", flush=True
         )
     return "done" if ended else "interrupted"
-
-
-# --- evaluation -----------------------------------------------------------------------------------
-CTOR_FILE = Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME
-
-
-def _checkpoint_candidates(path):
-    found = []
-    for root, dirs, files in os.walk(path):
-        if "rllib_checkpoint.json" in files:
-            found.append(root)
-            dirs.clear()
-    return sorted(found)
-
-
-def load_checkpoint_config(path):
-    """The `DreamerV3Config` saved in an Algorithm checkpoint, or a `CliError` that says why not.
-
-    It is the first constructor argument that RLlib's `Checkpointable.save_to_path` stores in
-    `CTOR_FILE`; `Algorithm.from_checkpoint` would read it the same way, but would also build
-    the Learner and restore the replay buffer, which evaluation does not need.
-    """
-    if not os.path.exists(path):
-        raise CliError(
-            f"{path}: no such checkpoint directory. Give the checkpoint_NNNNNN "
-            "directory printed at the end of `rllib train`, or the path of "
-            "`algo.save_to_path()`."
-        )
-    if not os.path.isdir(path):
-        raise CliError(f"{path}: is a file; a checkpoint is a directory (checkpoint_NNNNNN).")
-    ctor_file = os.path.join(path, CTOR_FILE)
-    checkpoints.recover_interrupted_save(path)
-    if not os.path.isfile(ctor_file) or not os.path.isdir(os.path.join(path, MODULE_STATE_DIR)):
-        candidates = _checkpoint_candidates(path)
-        hint = (
-            f" Checkpoints below it: {', '.join(candidates[-3:])}."
-            if candidates
-            else " Nothing below it looks like one either; was the run checkpointed "
-            "(--checkpoint-freq, checkpoint_at_end)?"
-        )
-        raise CliError(
-            f"{path}: not an RLlib Algorithm checkpoint (no {CTOR_FILE}"
-            f" and {MODULE_STATE_DIR}).{hint}"
-        )
-    try:  # the files evaluation reads: the config and the policy's weights
-        checkpoints.verify(path, prefixes=(CTOR_FILE, MODULE_STATE_DIR.replace(os.sep, "/")))
-    except checkpoints.CheckpointError as err:
-        raise CliError(str(err)) from None
-    try:
-        with open(ctor_file, "rb") as f:
-            saved = pickle.load(f)
-        algo_class = saved["class"]
-        config = AlgorithmConfig.from_state(saved["ctor_args_and_kwargs"][0][0])
-    except Exception as err:  # a truncated or foreign pickle fails in many ways
-        raise CliError(
-            f"{path}: the checkpoint is corrupt or from an incompatible version "
-            f"({ctor_file}: {type(err).__name__}: {err}). Use another checkpoint of "
-            "the run, or re-save it with this version."
-        ) from None
-    if not (isinstance(algo_class, type) and issubclass(algo_class, DreamerV3)):
-        raise CliError(
-            f"{path}: a checkpoint of {getattr(algo_class, '__name__', algo_class)},"
-            " not DreamerV3; `rllib evaluate` evaluates DreamerV3 checkpoints."
-        )
-    return config
-
-
-def evaluate_checkpoint(path, episodes, env=None, explore=False, seed=None, video_dir=None):
-    """Run `episodes` episodes of a checkpoint's policy on one env in this process.
-
-    Only the policy is restored (not the learner or the replay buffer), so this is quick even
-    for large runs. Returns `{"episodes", "return_mean", "return_min", "return_max",
-    "length_mean", "env"}`.
-    """
-    from gymnasium.error import DependencyNotInstalled
-
-    if episodes < 1:
-        raise CliError(f"--episodes {episodes}: give at least 1.")
-    if video_dir is not None and importlib.util.find_spec("moviepy") is None:
-        raise CliError(
-            "--video-dir needs moviepy, which is not installed: pip install moviepy "
-            "(or pip install -e '.[video]')."
-        )
-    config = load_checkpoint_config(path).copy(copy_frozen=False)
-    if env is not None:
-        config.environment(env)
-    if video_dir is not None:
-        config.environment(env_config={**config.env_config, "render_mode": "rgb_array"})
-    config.env_runners(num_env_runners=0, num_envs_per_env_runner=1, explore=explore)
-    config.reporting(metrics_num_episodes_for_smoothing=episodes)
-    if seed is not None:
-        config.debugging(seed=seed)
-    try:
-        runner = DreamerV3EnvRunner(config=config, worker_index=0)
-    except ValueError as err:
-        raise CliError(f"{path}: could not create the env {config.env!r}: {err}") from None
-    try:
-        if video_dir is not None:
-            runner.envs = [_record_video(runner.envs[0], video_dir, episodes)]
-        try:
-            runner.module.restore_from_path(os.path.abspath(os.path.join(path, MODULE_STATE_DIR)))
-        except (ValueError, OSError, EOFError, pickle.UnpicklingError) as err:
-            raise CliError(
-                f"{path}: could not load the policy weights ({type(err).__name__}: "
-                f"{err}). The checkpoint is corrupt, or --env has other spaces than "
-                "the env it was trained on."
-            ) from None
-        bar = tqdm(total=episodes, desc="evaluating", unit="episode", leave=False, disable=None)
-        try:
-            with bar:
-                runner.sample(num_episodes=episodes, progress=lambda n: bar.update(n - bar.n))
-        except DependencyNotInstalled as err:  # e.g. the renderer for --video-dir
-            raise CliError(f"{config.env}: {err}") from None
-        metrics = runner.get_metrics()
-    finally:
-        runner.stop()
-    return {
-        "env": str(config.env),
-        "episodes": episodes,
-        "return_mean": float(metrics["episode_return_mean"]),
-        "return_min": float(metrics["episode_return_min"]),
-        "return_max": float(metrics["episode_return_max"]),
-        "length_mean": float(metrics["episode_len_mean"]),
-    }
-
-
-def _record_video(env, video_dir, episodes):
-    import gymnasium as gym
-
-    try:  # not the episode the env resets into after the last one
-        return gym.wrappers.RecordVideo(
-            env,
-            os.path.abspath(video_dir),
-            episode_trigger=lambda episode: episode < episodes,
-            disable_logger=True,
-        )
-    except gym.error.Error as err:
-        raise CliError(f"--video-dir: the env cannot render frames ({err}).") from None
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -735,61 +565,7 @@ def build_parser(prog="rllib"):
     )
     train_file.add_argument("path", help="the YAML file, e.g. tuned_examples/cartpole.yaml")
     _add_run_options(train_file)
-
-    evaluate = commands.add_parser(
-        "evaluate",
-        help="report the return of N episodes of a checkpoint's policy",
-        description="Restore a checkpoint's policy and report the mean/min/max return of N "
-        "episodes (greedy actions unless --explore).",
-    )
-    evaluate.add_argument(
-        "checkpoint", nargs="?", help="a checkpoint directory (checkpoint_NNNNNN)"
-    )
-    evaluate.add_argument(
-        "--saved-model",
-        metavar="DIR",
-        help="evaluate a policy exported by `rllib export` instead of a checkpoint",
-    )
-    evaluate.add_argument("--episodes", type=int, default=10, help="episodes (default 10)")
-    evaluate.add_argument("--env", help="evaluate on this env instead of the trained one")
-    evaluate.add_argument(
-        "--explore",
-        action="store_true",
-        help="sample actions as in training instead of greedy ones",
-    )
-    evaluate.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the env resets and the policy (default 0: a checkpoint and its exported "
-        "policy play the same episodes)",
-    )
-    evaluate.add_argument(
-        "--video-dir", metavar="DIR", help="write a video of every episode here (needs moviepy)"
-    )
-    evaluate.add_argument("--json", action="store_true", help="print the results as one JSON line")
-
-    export = commands.add_parser(
-        "export",
-        help="write a checkpoint's policy as a TensorFlow SavedModel (runs without Ray)",
-        description="Write the acting policy of a checkpoint (encoder, RSSM posterior step, "
-        "actor) as a TensorFlow SavedModel with the signatures initial_state, step (greedy) "
-        "and step_sample; loading it needs only TensorFlow.",
-    )
-    export.add_argument("checkpoint", help="a checkpoint directory (checkpoint_NNNNNN)")
-    export.add_argument("out_dir", help="the SavedModel directory to write")
-    export.add_argument(
-        "--no-jit",
-        action="store_true",
-        help="plain TensorFlow steps instead of XLA-compiled ones (the default follows the "
-        "training config; XLA gives exactly the actions of `rllib evaluate`)",
-    )
-    export.add_argument(
-        "--tflite",
-        action="store_true",
-        help="also write OUT_DIR/policy.tflite of the greedy step where TFLite's ops allow "
-        "(implies --no-jit)",
-    )
+    add_commands(commands)
     return parser
 
 
@@ -831,9 +607,9 @@ def main(argv=None, prog=None):
         return exit_.code
     try:
         if args.command == "export":
-            return _export_command(args)
+            return export_command(args)
         if args.command == "evaluate":
-            return _evaluate_command(args)
+            return evaluate_command(args)
         return _train_command(args, parser)
     except (CliError, StopCriteriaError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
@@ -860,99 +636,3 @@ def _train_command(args, parser):
     name = f"{algo}_{args.env}".replace("/", "_")
     spec = {"run": algo, "env": args.env}
     return run_experiments(apply_overrides({name: spec}, args), "the command line", args)
-
-
-def _export_command(args):
-    config = load_checkpoint_config(args.checkpoint)
-    jit = False if (args.no_jit or args.tflite) else None
-    try:
-        out = export_policy(
-            args.checkpoint,
-            args.out_dir,
-            jit_compile=jit,
-            env=config.env,
-            env_config=config.env_config,
-        )
-    except ValueError as err:  # e.g. a policy of Dict observations
-        raise CliError(f"rllib export {args.checkpoint}: {err}") from None
-    size = saved_model_bytes(out)
-    print(
-        f"{out}: SavedModel of the {config.env} policy ({size / 1e6:.2f} MB). Load it with "
-        f"tf.saved_model.load({out!r}); run it with rllib evaluate --saved-model {out}"
-    )
-    if args.tflite:
-        path, reason = export_tflite(out, os.path.join(out, "policy.tflite"))
-        if path is None:
-            print(f"TFLite: the converter could not convert the step: {reason}", file=sys.stderr)
-            return 1
-        print(f"TFLite: {path} ({os.path.getsize(path) / 1e6:.2f} MB)")
-    return 0
-
-
-def evaluate_saved_model(path, episodes, env=None, explore=False, seed=None):
-    """Run `episodes` episodes with a policy exported by `rllib export` (same result keys as
-    :func:`evaluate_checkpoint`; with `seed`, the same env resets)."""
-    if episodes < 1:
-        raise CliError(f"--episodes {episodes}: give at least 1.")
-    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
-        raise CliError(f"--saved-model {path}: no saved_model.pb; give a `rllib export` directory.")
-    metadata = read_metadata(path)
-    env = env or metadata.get("env")
-    if env is None:
-        raise CliError(f"--saved-model {path}: it records no env; give --env ENV.")
-    config = DreamerV3Config().environment(env, env_config=metadata.get("env_config", {}))
-    try:
-        environment = make_env(config)
-    except ValueError as err:
-        raise CliError(f"--saved-model {path}: could not create the env {env!r}: {err}") from None
-    try:
-        returns, lengths = run_saved_model(
-            path, environment, episodes, greedy=not explore, seed=seed
-        )
-    finally:
-        environment.close()
-    return {
-        "env": str(env),
-        "episodes": episodes,
-        "return_mean": float(np.mean(returns)),
-        "return_min": float(np.min(returns)),
-        "return_max": float(np.max(returns)),
-        "length_mean": float(np.mean(lengths)),
-    }
-
-
-def _evaluate_command(args):
-    start = time.time()
-    if args.saved_model:
-        if args.checkpoint or args.video_dir:
-            raise CliError(
-                "--saved-model evaluates an exported policy: give no checkpoint and no --video-dir."
-            )
-        result = evaluate_saved_model(
-            args.saved_model, args.episodes, env=args.env, explore=args.explore, seed=args.seed
-        )
-    elif args.checkpoint is None:
-        raise CliError("rllib evaluate needs a checkpoint directory (or --saved-model DIR).")
-    else:
-        result = evaluate_checkpoint(
-            args.checkpoint,
-            args.episodes,
-            env=args.env,
-            explore=args.explore,
-            seed=args.seed,
-            video_dir=args.video_dir,
-        )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        mode = "sampled" if args.explore else "greedy"
-        print(
-            f"{result['episodes']} {mode} episodes of {result['env']} (seed {args.seed}): "
-            "return mean "
-            f"{fmt(result['return_mean'])}, min {fmt(result['return_min'])}, max "
-            f"{fmt(result['return_max'])}; length mean {fmt(result['length_mean'])} "
-            f"({time.time() - start:.0f} s)"
-        )
-    if args.video_dir:
-        print(f"videos in {os.path.abspath(args.video_dir)}")
-    return 0
