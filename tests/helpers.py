@@ -67,7 +67,11 @@ def reference_critic_loss(model, imagined, start_cont, hp):
 
 def tiny_config(env="CartPole-v1", **training):
     """A DreamerV3Config that trains in seconds: nano model, B=2, T=8, H=3, ratio 32, 32 warm-up
-    steps, 16 env steps per iteration, seed 0; `training` overrides `.training(...)`."""
+    steps, 16 env steps per iteration, seed 0; `training` overrides `.training(...)`.
+
+    The update runs as a plain TF graph (`jit_compile=False`): XLA's compile of the first
+    update costs more than the rest of most tests. Tests of the default, compiled path pass
+    `jit_compile=True`."""
     from rllib_dreamerv3 import DreamerV3Config
 
     settings = dict(
@@ -77,6 +81,7 @@ def tiny_config(env="CartPole-v1", **training):
         horizon_H=3,
         training_ratio=32,
         num_steps_sampled_before_learning_starts=32,
+        jit_compile=False,
     )
     settings.update(training)
     return (

@@ -52,7 +52,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 )
 def test_build_and_train_two_iterations(env, num_env_runners, num_learners):
     config = (
-        tiny_config(env)
+        tiny_config(env, jit_compile=True)  # the default, XLA-compiled update
         .env_runners(num_env_runners=num_env_runners)
         .learners(num_learners=num_learners)
     )
@@ -104,6 +104,7 @@ def test_stop_releases_the_learner_and_env_runner_groups():
 def test_pong_trains_two_iterations_with_uint8_frames_and_dreams():
     config = tiny_config(
         "ALE/Pong-v5",
+        jit_compile=True,  # the default, XLA-compiled update, with the image encoder's kernels
         dream_every_n_updates=32,
         dream_num_sequences=1,
         dream_burn_in=3,

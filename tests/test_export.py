@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 @pytest.fixture(scope="module", params=["CartPole-v1", "Pendulum-v1"])
 def checkpoint(request, tmp_path_factory):
     """A checkpoint after two training iterations (weights away from their initial values)."""
-    algo = tiny_config(request.param, dream_every_n_updates=0).build_algo()
+    algo = tiny_config(request.param, jit_compile=True, dream_every_n_updates=0).build_algo()
     try:
         algo.train()
         algo.train()

@@ -75,7 +75,7 @@ def test_two_learners_make_the_update_of_one_learner_on_the_whole_batch():
     two = config.copy().learners(num_learners=2).build_learner_group(spaces=spaces)
     # The same graph without collectives (XLA cannot compile them on CPUs), and the XLA one.
     plain = config.copy().training(jit_compile=False).build_learner_group(spaces=spaces)
-    xla = config.copy().build_learner_group(spaces=spaces)
+    xla = config.copy().training(jit_compile=True).build_learner_group(spaces=spaces)
     try:
         state = xla.get_state()
         two.set_state(state)
