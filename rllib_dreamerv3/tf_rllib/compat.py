@@ -175,10 +175,19 @@ class _DropMessages(logging.Filter):
 
 
 # Logger name -> message prefixes of Ray notices that ask nothing of the user: Tune's "Install
-# gputil" (system monitoring works without it on machines without GPUs) and the note, at every
-# `ray.init` that starts a local cluster, that token authentication is on (Ray's default).
+# gputil" (system monitoring works without it on machines without GPUs); its advice to report
+# results less often when handling one took over 0.5 s (a DreamerV3 trial reports once per
+# training iteration, seconds to minutes apart); its advice to reuse actors when a trainable's
+# setup took over 10 s (building the envs and the model takes that; a built algorithm is not
+# reused); and the note, at every `ray.init` that starts a local cluster, that token
+# authentication is on (Ray's default).
 RAY_NOTICES = {
-    "ray.tune.utils.util": ("Install gputil",),
+    "ray.tune.utils.util": (
+        "Install gputil",
+        "Processing trial results took",
+        "The `process_trial_result` operation took",
+    ),
+    "ray.tune.trainable.trainable": ("Trainable.setup took",),
     "ray._private.authentication.authentication_token_setup": (
         "Token authentication is enabled for this Ray cluster",
     ),

@@ -588,6 +588,17 @@ def test_silenced_notices_match_what_ray_logs():
         authentication_token_setup
     )
     assert tune_util.logger.name in RAY_NOTICES
+    from ray.tune.execution import tune_controller
+    from ray.tune.trainable import trainable
+
+    # Tune's slow-result warnings go through `warn_if_slow`, which logs on tune_util's logger.
+    assert '"Processing trial results took {duration:.3f} s, "' in inspect.getsource(
+        tune_controller
+    )
+    assert 'with warn_if_slow("process_trial_result")' in inspect.getsource(tune_controller)
+    assert '"The `{name}` operation took {duration:.3f} s, "' in inspect.getsource(tune_util)
+    assert '"Trainable.setup took {:.3f} seconds. If your "' in inspect.getsource(trainable)
+    assert trainable.logger.name in RAY_NOTICES
     for name, prefixes in RAY_NOTICES.items():
         logger = logging.getLogger(name)
         for prefix in prefixes:
