@@ -167,7 +167,32 @@ def _env_problem(env, err):
     )
 
 
-def _checked_config_keys(where, config):
+def _versioned(env, where):
+    """A gymnasium id given without its version (`CartPole`) as its latest version's id,
+    said on stderr (gymnasium would pick it too, with two warnings); any other env as given."""
+    from gymnasium.envs import registration
+
+    if not isinstance(env, str) or env in registration.registry:
+        return env
+    try:
+        namespace, name, version = registration.parse_env_id(env)
+    except Exception:  # noqa: BLE001 - not an id gymnasium can parse: checked as it is later
+        return env
+    latest = registration.find_highest_version(namespace, name) if version is None else None
+    if latest is None:
+        return env
+    versioned = registration.get_env_id(namespace, name, latest)
+    print(f"{where}: env {env!r} names no version; using {versioned!r}.", file=sys.stderr)
+    return versioned
+
+
+def _blame(where, keys, from_command_line):
+    """`where`, or the --config option if it gave one of `keys` (the keys a problem names)."""
+    given = [key for key in from_command_line if key in keys]
+    return f"--config {given[0]}=..., applied to {where}" if given else where
+
+
+def _checked_config_keys(where, config, from_command_line=()):
     """The experiment's `config`, a `CliError` unless it maps known config keys."""
     if not isinstance(config, dict):
         raise CliError(
@@ -176,6 +201,7 @@ def _checked_config_keys(where, config):
         )
     key = unknown_config_key(config)
     if key is not None:
+        where = _blame(where, [key], from_command_line)
         raise CliError(
             f"{where}: unknown config key {key!r}.{_did_you_mean(key, known_config_keys())} "
             "DreamerV3's hyperparameters are the names in HYPERPARAMETERS "
@@ -205,10 +231,11 @@ def _check_checkpoint_config(where, checkpoint_config):
         raise CliError(f"{where}: checkpoint_config: {_one_paragraph(err)}") from None
 
 
-def check_experiment(source, name, spec):
+def check_experiment(source, name, spec, from_command_line=()):
     """One experiment checked, as the spec `tune.Experiment.from_json` reads (see
     :func:`make_experiment`), or a `CliError` naming the source and the key, raised before Ray
-    starts.
+    starts; a problem with a config key in `from_command_line` (given by --config) is blamed on
+    --config.
 
     The spec's `config` is the YAML's `config` (Tune search spaces kept) plus `env`; its `stop`
     is a `StopCriteria` of the YAML's `stop` (None without one).
@@ -227,8 +254,8 @@ def check_experiment(source, name, spec):
             f"{_did_you_mean(run, ALGORITHMS)} Use one of {list(ALGORITHMS)} (rllib-dreamerv3 "
             "provides DreamerV3 only; RLlib's own algorithms run from Python)."
         )
-    config = _checked_config_keys(where, spec.get("config") or {})
-    env = spec.get("env", config.get("env"))
+    config = _checked_config_keys(where, spec.get("config") or {}, from_command_line)
+    env = _versioned(spec.get("env", config.get("env")), where)
     if env is None:
         raise CliError(
             f"{where}: no env. Add `env: CartPole-v1` (a gymnasium id, a name "
@@ -243,6 +270,7 @@ def check_experiment(source, name, spec):
         if err.__cause__ is not None:  # `make_env` could not create the env
             raise CliError(f"{where}: {_env_problem(env, err)}") from None
         message = _one_paragraph(str(err).split(_RLLIB_SUPPRESS_HINT)[0])
+        where = _blame(where, [k for k in from_command_line if k in message], from_command_line)
         raise CliError(f"{where}: {message}{_yaml_number_hint(config)}") from None
     stop = spec.get("stop") or {}
     if not isinstance(stop, dict):
@@ -327,7 +355,10 @@ def run_experiments(experiments, source, args):
     """Run the experiments with `tune.run_experiments`, one after the other (each with its own
     stop criteria, checkpoints and directory); 0 if every trial finished cleanly, 1 if one
     failed, 130 if interrupted."""
-    checked = {name: check_experiment(source, name, spec) for name, spec in experiments.items()}
+    cli_keys = list(_parse_mapping(args.config, "--config")) if "config" in vars(args) else []
+    checked = {
+        name: check_experiment(source, name, spec, cli_keys) for name, spec in experiments.items()
+    }
     todo = [
         make_experiment(name, spec, f"{source}, experiment {name!r}")
         for name, spec in checked.items()

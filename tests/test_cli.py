@@ -152,6 +152,31 @@ def captured_run(monkeypatch):
     return calls
 
 
+def test_a_bad_config_override_of_a_file_is_blamed_on_the_option(capsys, tmp_path):
+    path = write_yaml(tmp_path / "tiny.yaml", TINY)
+    err = _error(capsys, ["train", "file", path, "--config", '{"model_size": "huge"}'])
+    assert f"--config model_size=..., applied to {path}, experiment 'tiny-cartpole'" in err
+    assert "'huge'" in err
+    err = _error(capsys, ["train", "file", path, "--config", "{modl_size: nano}"])
+    assert "--config modl_size=..., applied to" in err and "Did you mean 'model_size'" in err
+    # The file's own mistakes stay the file's.
+    bad = {"x": {**TINY["tiny-cartpole"], "config": {"model_size": "huge"}}}
+    err = _error(capsys, ["train", "file", write_yaml(tmp_path / "bad.yaml", bad)])
+    assert "--config" not in err and "bad.yaml, experiment 'x'" in err
+
+
+def test_an_env_id_without_its_version_trains_the_latest_version_and_says_so(capsys):
+    spec = {**TINY["tiny-cartpole"], "env": "CartPole"}
+    checked = cli.check_experiment("exp.yaml", "x", spec)
+    assert checked["config"]["env"] == "CartPole-v1"
+    assert "exp.yaml, experiment 'x': env 'CartPole' names no version; using 'CartPole-v1'." in (
+        capsys.readouterr().err
+    )
+    spec = {**TINY["tiny-cartpole"], "env": "CartPole-v1"}
+    assert cli.check_experiment("exp.yaml", "x", spec)["config"]["env"] == "CartPole-v1"
+    assert capsys.readouterr().err == ""
+
+
 def test_command_line_overrides_of_a_file(captured_run, tmp_path):
     path = write_yaml(tmp_path / "tiny.yaml", TINY)
     assert (
