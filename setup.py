@@ -29,7 +29,7 @@ setup(
         "test": ["pytest>=8", "ruff==0.17.6"],
         "video": ["moviepy"],
         "plot": ["matplotlib"],  # benchmarks/plot_learning.py
-        # DeepMind Control tasks, "DMC/<domain>-<task>" (rllib_dreamerv3.dmc)
+        # DeepMind Control tasks, "DMC/<domain>-<task>" (rllib_dreamerv3.envs.dmc)
         "dmc": ["shimmy[dm-control]==2.0.1", "dm-control==1.0.52"],
         # RLlib's torch DreamerV3, the baseline of benchmarks/*_speed.py
         "bench": ["torch==2.13.0"],

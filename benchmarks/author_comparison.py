@@ -256,7 +256,7 @@ def run_ours(task, seed, recorder, settings=SETTINGS):
     import gymnasium as gym
     from ray.tune.registry import register_env
 
-    from rllib_dreamerv3.dmc import make_dmc_env
+    from rllib_dreamerv3.envs.dmc import make_dmc_env
 
     class EpisodeRecorder(gym.Wrapper):
         """Writes an episode line whenever an episode ends (random warm-up ones included)."""

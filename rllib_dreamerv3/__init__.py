@@ -43,7 +43,7 @@ def _import_tensorflow():
 # TF must be imported before RLlib: if RLlib imports it first, it disables TF2 behaviour.
 _import_tensorflow()
 
-from rllib_dreamerv3.dmc import opengl_disabled  # noqa: E402
+from rllib_dreamerv3.envs.dmc import opengl_disabled  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -44,8 +44,8 @@ from ray.rllib.utils.metrics import (
 )
 from ray.tune.registry import ENV_CREATOR, _global_registry
 
-from rllib_dreamerv3.atari import is_atari_id, make_atari_env
-from rllib_dreamerv3.dmc import is_dmc_id, make_dmc_env
+from rllib_dreamerv3.envs.atari import is_atari_id, make_atari_env
+from rllib_dreamerv3.envs.dmc import is_dmc_id, make_dmc_env
 from rllib_dreamerv3.replay_buffer import FIELDS
 from rllib_dreamerv3.spaces import (
     action_dim,

@@ -12,8 +12,8 @@ import yaml
 from ray.tune.registry import ENV_CREATOR, _global_registry, register_env
 
 from rllib_dreamerv3 import DreamerV3Config
-from rllib_dreamerv3.atari import ENV_CONFIG, is_atari_id, make_atari_env
 from rllib_dreamerv3.env_runner import make_env
+from rllib_dreamerv3.envs.atari import ENV_CONFIG, is_atari_id, make_atari_env
 
 TUNED = os.path.join(os.path.dirname(__file__), "..", "tuned_examples")
 ATARI_100K_GAMES = {

@@ -1,4 +1,4 @@
-"""DeepMind Control tasks as in the paper (rllib_dreamerv3.dmc): ids, action repeat 2, 500-step
+"""DeepMind Control tasks as in the paper (rllib_dreamerv3.envs.dmc): ids, action repeat 2, 500-step
 truncated episodes, proprio and vision observations, and clear errors."""
 
 import os
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rllib_dreamerv3 import DreamerV3Config
-from rllib_dreamerv3.dmc import is_dmc_id, make_dmc_env
+from rllib_dreamerv3.envs.dmc import is_dmc_id, make_dmc_env
 
 shimmy = pytest.importorskip("shimmy", reason="DMC needs the [dmc] extra")
 

@@ -101,7 +101,7 @@ def is_dmc_id(env):
 def dmc_settings(env_config=None):
     """`env_config` checked and completed with `ENV_CONFIG`'s defaults; `ValueError` if bad."""
     # Imported here: the render process runs this file without the package (and TensorFlow).
-    from rllib_dreamerv3.env_settings import settings_with_defaults
+    from rllib_dreamerv3.envs.settings import settings_with_defaults
 
     settings = settings_with_defaults(env_config, ENV_CONFIG, "DMC")
     if settings["proprio"] is None:

@@ -22,7 +22,7 @@ import re
 
 import gymnasium as gym
 
-from rllib_dreamerv3.env_settings import settings_with_defaults
+from rllib_dreamerv3.envs.settings import settings_with_defaults
 
 # name -> (default, description). The only settings of an Atari env; everything else is fixed.
 ENV_CONFIG = {
