@@ -198,7 +198,7 @@ def test_dict_observation_policies_export_and_act_as_the_checkpoint(tmp_path):
     from ray.tune.registry import register_env
 
     register_env("DictCartPole", DictCartPole)
-    algo = tiny_config("DictCartPole", dream_every_n_updates=0).build_algo()
+    algo = tiny_config("DictCartPole", jit_compile=True, dream_every_n_updates=0).build_algo()
     try:
         algo.train()
         export_dir = export_policy(algo, tmp_path / "policy")
