@@ -51,8 +51,18 @@ def call(fn, *args):
         finally:
             done.set()
 
-    threading.Thread(target=run, name="rllib_dreamerv3-native-call", daemon=True).start()
+    thread = threading.Thread(target=run, name="rllib_dreamerv3-native-call", daemon=True)
+    # A SIGINT between the thread's start and the wait below would raise where the call is not
+    # yet abandoned (on a busy machine the main thread may not run for a while after `start`):
+    # it is held back (blocked, so it stays pending) until the wait's `try` is entered.
+    held = _block_sigint()
     try:
+        thread.start()
+    except BaseException:
+        _unblock(held)
+        raise
+    try:
+        _unblock(held)  # a pending SIGINT raises here, inside the `try`
         done.wait()
     except BaseException:  # KeyboardInterrupt, or another signal handler's exception
         _abandon(done)
@@ -60,6 +70,19 @@ def call(fn, *args):
     if "error" in outcome:
         raise outcome.pop("error")
     return outcome.pop("value")
+
+
+def _block_sigint():
+    """Block SIGINT for this thread (and the threads it starts); the previous mask, or None
+    where signal masks are not available."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _unblock(held):
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def call_directly(fn, *args):

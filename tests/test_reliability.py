@@ -955,6 +955,36 @@ def test_an_interrupted_native_call_finishes_before_the_next_one_starts(monkeypa
     assert order == ["interrupted call", "next call"] and interrupts._abandoned == []
 
 
+def test_ctrl_c_as_the_helper_thread_starts_still_abandons_the_call(monkeypatch):
+    # On a busy machine the main thread may not run again for a while after starting the
+    # helper; a Ctrl-C then must still find the call abandoned (else the exit waits for it).
+    from rllib_dreamerv3 import interrupts
+
+    release, start = threading.Event(), threading.Thread.start
+
+    def start_then_ctrl_c(self):
+        start(self)
+        os.kill(os.getpid(), signal.SIGINT)  # before `call` reaches its wait
+
+    def interrupt(*_):
+        raise _Interrupted  # stands in for KeyboardInterrupt, which would end pytest
+
+    monkeypatch.setattr(interrupts, "_abandoned", [])
+    monkeypatch.setattr(interrupts, "_exit_hook", {"registered": True, "running": False})
+    monkeypatch.setattr(threading.Thread, "start", start_then_ctrl_c)
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        with pytest.raises(_Interrupted):
+            interrupts.call(release.wait, 30)
+        assert len(interrupts._abandoned) == 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        monkeypatch.setattr(threading.Thread, "start", start)
+        release.set()
+    interrupts.wait_for_abandoned()
+    assert interrupts._abandoned == []
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_the_first_compile_stops_training_within_seconds(tmp_path):
     """Before: the process ended only after the compile (a minute or more on 2 CPUs)."""
