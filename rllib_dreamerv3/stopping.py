@@ -33,6 +33,9 @@ OLD_API_NAMES = {
 # What a stop key's first name can be without any result: RLlib's names and those Tune adds.
 KNOWN_FIRST_NAMES = (RLLIB_NAMES | frozenset(AUTO_RESULT_KEYS)) - set(OLD_API_NAMES)
 TYPO_CUTOFF = 0.8  # difflib's ratio from which a name is called a misspelling of another
+# Before any result, only near-identical names are called misspelt: a user's own top-level
+# metric must not be refused for resembling one of RLlib's hundreds of names.
+STATIC_TYPO_CUTOFF = 0.9
 STOP_KEYS_HELP = (
     "Stop keys name numbers in the training results, '/'-separated where nested "
     "(e.g. training_iteration, num_env_steps_sampled_lifetime, "
@@ -60,7 +63,8 @@ def misspelt_first_name(key):
             f"is a result of RLlib's old API stack, which DreamerV3 does not report; "
             f"use {OLD_API_NAMES[first]!r}."
         )
-    close = None if first in KNOWN_FIRST_NAMES else closest(first, KNOWN_FIRST_NAMES, TYPO_CUTOFF)
+    known = first in KNOWN_FIRST_NAMES
+    close = None if known else closest(first, KNOWN_FIRST_NAMES, STATIC_TYPO_CUTOFF)
     return f"is not a result name. Did you mean {'/'.join([close, *rest])!r}?" if close else None
 
 
