@@ -41,48 +41,37 @@ def call(fn, *args):
     if threading.current_thread() is not threading.main_thread():
         return fn(*args)
     outcome = {}
-    done = threading.Event()
+    go, done = threading.Event(), threading.Event()
 
     def run():
+        go.wait()
         try:
-            outcome["value"] = fn(*args)
+            if not outcome.get("cancelled"):
+                outcome["value"] = fn(*args)
         except BaseException as error:  # handed to the caller
             outcome["error"] = error
         finally:
             done.set()
 
+    # A Ctrl-C can raise at any bytecode from here on, also inside `Thread.start` and on a busy
+    # machine long after it (the signal may reach another thread; the main thread raises when it
+    # next runs). The helper calls `fn` only once `go` is set: an interrupt before that cancels
+    # the call (the helper returns at once), an interrupt after it abandons the running call.
     thread = threading.Thread(target=run, name="rllib_dreamerv3-native-call", daemon=True)
-    # A SIGINT between the thread's start and the wait below would raise where the call is not
-    # yet abandoned (on a busy machine the main thread may not run for a while after `start`):
-    # it is held back (blocked, so it stays pending) until the wait's `try` is entered.
-    held = _block_sigint()
     try:
         thread.start()
-    except BaseException:
-        _unblock(held)
-        raise
-    try:
-        _unblock(held)  # a pending SIGINT raises here, inside the `try`
+        go.set()
         done.wait()
     except BaseException:  # KeyboardInterrupt, or another signal handler's exception
-        _abandon(done)
+        if go.is_set():
+            _abandon(done)
+        else:
+            outcome["cancelled"] = True
+            go.set()
         raise
     if "error" in outcome:
         raise outcome.pop("error")
     return outcome.pop("value")
-
-
-def _block_sigint():
-    """Block SIGINT for this thread (and the threads it starts); the previous mask, or None
-    where signal masks are not available."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-
-
-def _unblock(held):
-    if held is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def call_directly(fn, *args):

@@ -965,16 +965,22 @@ def test_an_interrupted_native_call_finishes_before_the_next_one_starts(monkeypa
     assert order == ["interrupted call", "next call"] and interrupts._abandoned == []
 
 
-def test_ctrl_c_as_the_helper_thread_starts_still_abandons_the_call(monkeypatch):
+def test_ctrl_c_as_the_helper_thread_starts_cancels_or_abandons_the_call(monkeypatch):
     # On a busy machine the main thread may not run again for a while after starting the
-    # helper; a Ctrl-C then must still find the call abandoned (else the exit waits for it).
+    # helper, and the signal may reach another thread first. Whenever the interrupt raises, the
+    # call must either never run or be abandoned: a call left running unabandoned made the exit
+    # wait for it (the full suite's Ctrl-C test timed out so).
     from rllib_dreamerv3 import interrupts
 
-    release, start = threading.Event(), threading.Thread.start
+    release, start, ran = threading.Event(), threading.Thread.start, []
 
     def start_then_ctrl_c(self):
         start(self)
         os.kill(os.getpid(), signal.SIGINT)  # before `call` reaches its wait
+
+    def long_call():
+        ran.append("call")
+        release.wait(30)
 
     def interrupt(*_):
         raise _Interrupted  # stands in for KeyboardInterrupt, which would end pytest
@@ -985,14 +991,43 @@ def test_ctrl_c_as_the_helper_thread_starts_still_abandons_the_call(monkeypatch)
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         with pytest.raises(_Interrupted):
-            interrupts.call(release.wait, 30)
-        assert len(interrupts._abandoned) == 1
+            interrupts.call(long_call)
     finally:
         signal.signal(signal.SIGINT, previous)
         monkeypatch.setattr(threading.Thread, "start", start)
+    helpers = [t for t in threading.enumerate() if t.name == "rllib_dreamerv3-native-call"]
+    if interrupts._abandoned:  # interrupted once the call could run: it runs on, abandoned
+        assert len(interrupts._abandoned) == 1
         release.set()
-    interrupts.wait_for_abandoned()
-    assert interrupts._abandoned == []
+        interrupts.wait_for_abandoned()
+        assert interrupts._abandoned == []
+    else:  # interrupted before: the helper ends without calling
+        for helper in helpers:
+            helper.join(5)
+        assert ran == [] and not any(helper.is_alive() for helper in helpers)
+    release.set()
+
+
+def test_ctrl_c_before_the_call_runs_leaves_nothing_running(monkeypatch):
+    # An interrupt inside `Thread.start` (before the helper may call) cancels the call.
+    from rllib_dreamerv3 import interrupts
+
+    start, ran = threading.Thread.start, []
+
+    def start_then_interrupt(self):
+        start(self)
+        raise _Interrupted
+
+    monkeypatch.setattr(interrupts, "_abandoned", [])
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    with pytest.raises(_Interrupted):
+        interrupts.call(ran.append, "call")
+    monkeypatch.setattr(threading.Thread, "start", start)
+    helpers = [t for t in threading.enumerate() if t.name == "rllib_dreamerv3-native-call"]
+    for helper in helpers:
+        helper.join(5)
+    assert ran == [] and interrupts._abandoned == []
+    assert not any(helper.is_alive() for helper in helpers)
 
 
 @pytest.mark.slow
