@@ -252,7 +252,22 @@ class Recorder:
         print(line, flush=True)
 
 
-def run_ours(task, seed, recorder, settings=SETTINGS):
+def tuned_example_config(path, env_id, seed, settings=SETTINGS):
+    """Our config from a tuned example's YAML (its one experiment's `config`), on `env_id`, with
+    `settings`' compute threads (two runs share the cores); its stop criteria are not applied:
+    a run takes `settings["agent_steps"]`."""
+    import yaml
+
+    from rllib_dreamerv3 import DreamerV3Config
+
+    with open(path) as f:
+        (experiment,) = yaml.safe_load(f).values()
+    config = DreamerV3Config().update_from_dict(experiment.get("config", {}))
+    config.environment(env_id).debugging(seed=seed)
+    return config.training(tf_num_threads=settings["threads"], log_progress=False)
+
+
+def run_ours(task, seed, recorder, settings=SETTINGS, tuned_example=None):
     import gymnasium as gym
     from ray.tune.registry import register_env
 
@@ -288,7 +303,10 @@ def run_ours(task, seed, recorder, settings=SETTINGS):
     env_id = f"author-comparison/{task}"
     env_config = {"action_repeat": settings["action_repeat"]}
     register_env(env_id, lambda _: EpisodeRecorder(make_dmc_env(f"DMC/{task}", env_config)))
-    algo = our_config(env_id, seed, settings).build_algo()
+    if tuned_example:
+        algo = tuned_example_config(tuned_example, env_id, seed, settings).build_algo()
+    else:
+        algo = our_config(env_id, seed, settings).build_algo()
     recorder.write("progress", agent_step=0, updates=0, phase="built")
     steps = 0
     while steps < settings["agent_steps"]:
@@ -377,11 +395,16 @@ def _follow_author_metrics(logdir, recorder, stop, settings):
 
 def cmd_run(args):
     settings = PRESETS[args.preset]
-    recorder = Recorder(args.out, args.impl, args.task, args.seed, args.preset)
+    preset = args.preset
+    if args.tuned_example:
+        if args.impl != "ours":
+            raise SystemExit("--tuned-example runs our implementation only (--impl ours).")
+        preset = os.path.splitext(os.path.basename(args.tuned_example))[0]
+    recorder = Recorder(args.out, args.impl, args.task, args.seed, preset)
     recorder.write("start", settings=settings, argv=sys.argv)
     try:
         if args.impl == "ours":
-            end = run_ours(args.task, args.seed, recorder, settings)
+            end = run_ours(args.task, args.seed, recorder, settings, args.tuned_example)
         else:
             logdir = args.author_logdir or os.path.splitext(args.out)[0] + "_logdir"
             end = run_author(
@@ -429,7 +452,7 @@ def bin_returns(episodes, bin_frames=BIN_FRAMES, max_frames=None):
     return bins
 
 
-def speeds(records, settings):
+def speeds(records):
     """Env steps/s and wall seconds per update after warm-up, from the progress lines."""
     progress = [
         r
@@ -483,7 +506,7 @@ def cmd_summary(args):
                 "episodes": len(episodes),
                 "frames": max((e["frames"] for e in episodes), default=0),
                 "returns_by_bin": bins,
-                "speed": speeds(records, PRESETS[preset]),
+                "speed": speeds(records),
             }
         )
         grouped[(preset, impl, task)][seed] = bins
@@ -513,6 +536,12 @@ def main():
     run.add_argument("--task", default="walker-walk", help=f"a DMC task, e.g. {', '.join(TASKS)}")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--preset", choices=sorted(PRESETS), default="mini", help="settings set")
+    run.add_argument(
+        "--tuned-example",
+        metavar="YAML",
+        help="ours only: the config of this tuned example (e.g. dmc_proprio_cpu.yaml) instead of "
+        "the preset's settings (its steps, action repeat and threads still apply)",
+    )
     run.add_argument("--out", required=True, help="JSON-lines file (rewritten)")
     run.add_argument("--author-checkout", default="/work/author/dreamerv3")
     run.add_argument("--author-python", default="/work/author/venv/bin/python")
