@@ -13,6 +13,7 @@ the same program under names nothing else claims.
 
 import argparse
 import dataclasses
+import glob
 import importlib.metadata
 import logging
 import os
@@ -34,6 +35,7 @@ from rllib_dreamerv3.evaluate import (  # noqa: F401 - load_checkpoint_config, a
 )
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, format_duration, progress_line
 from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError, closest
+from rllib_dreamerv3.tf_rllib.compat import DropMessages
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
@@ -49,6 +51,7 @@ CHECKPOINT_CONFIG_KEYS = tuple(
 _RLLIB_SUPPRESS_HINT = "\nTo suppress all validation errors"
 # Checkpoints kept per trial unless checkpoint_config says otherwise (Tune deletes older ones).
 DEFAULT_NUM_TO_KEEP = 3
+TUNE_INTERRUPT_NOTICES = ("Stop signal received", "Experiment has been interrupted")
 
 
 # --- experiments ----------------------------------------------------------------------------------
@@ -369,6 +372,11 @@ def run_experiments(experiments, source, args):
     # Tune's classic output engine: it prints nothing at verbose=0 and takes a `CLIReporter`
     # with chosen columns (the default engine prints its banners at any verbosity).
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # At Ctrl-C Tune advises `tune.run_experiments(..., resume=True)`; the CLI's own line gives
+    # the command that resumes (`--resume`).
+    tune_run_logger = logging.getLogger("ray.tune.tune")
+    if not any(isinstance(f, DropMessages) for f in tune_run_logger.filters):
+        tune_run_logger.addFilter(DropMessages(TUNE_INTERRUPT_NOTICES))
     verbose = getattr(args, "verbose", 0)
     ray.init(
         num_cpus=getattr(args, "num_cpus", None),
@@ -434,7 +442,9 @@ def _check_resume(experiment, resume, source):
             f"{name}: --resume, but {path} holds no experiment to continue. Run without "
             "--resume to start it (or give the --storage-path of the first run)."
         )
-    if resume is not None or not tune.Tuner.can_restore(path):
+    # `tune.run_experiments` leaves an `experiment_state-<time>.json` per run in the directory
+    # (no `tuner.pkl`: `Tuner.can_restore` is False for it).
+    if resume is not None or not glob.glob(os.path.join(path, "experiment_state-*.json")):
         return
     try:
         trials = tune.ExperimentAnalysis(path).trials
@@ -492,9 +502,13 @@ def _report_trial(trial):
             flush=True,
         )
         return "failed"
-    ended = trial.status == trial.TERMINATED
-    label = "done," if ended else f"stopped ({trial.status}),"
-    print(f"{trial}: {progress_line(label, trial.last_result)}", flush=True)
+    # Tune marks a trial that met its stop criteria `done` in its last result; a trial it
+    # stopped at Ctrl-C ends TERMINATED too, without that mark.
+    ended = trial.status == trial.TERMINATED and trial.last_result.get("done", False)
+    label = "done," if ended else "interrupted," if trial.status == trial.TERMINATED else ""
+    label = label or f"stopped ({trial.status}),"
+    last = {k: v for k, v in trial.last_result.items() if k != "next_checkpoint_s"}
+    print(f"{trial}: {progress_line(label, last)}", flush=True)
     if trial.checkpoint is not None:
         path = trial.checkpoint.path
         print(

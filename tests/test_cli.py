@@ -473,3 +473,52 @@ def test_status_table_shows_return_losses_and_only_swept_parameters():
         "L_actor": "L_actor",
         "L_critic": "L_critic",
     }
+
+
+def test_a_rerun_over_unfinished_trials_is_refused_with_the_resume_command(tmp_path):
+    # `rllib train` runs `tune.run_experiments`, whose directory has no `tuner.pkl`: the check
+    # must find the trials from its experiment state, and refuse a rerun over unfinished ones.
+    import ray
+    from ray import tune
+
+    def fails_after_its_first_result(config):  # nested: Ray's worker gets it by value
+        tune.report({"score": 1.0})
+        raise RuntimeError("the trial fails after its first result")
+
+    ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        spec = {"run": fails_after_its_first_result, "storage_path": str(tmp_path)}
+        tune.run_experiments({"exp": spec}, verbose=0, raise_on_failed_trial=False)
+        experiment = tune.Experiment.from_json("exp", spec)
+        with pytest.raises(cli.CliError, match=r"did not finish: .*\(ERROR\).*--resume"):
+            cli._check_resume(experiment, None, "exp.yaml")
+        cli._check_resume(experiment, True, "exp.yaml")  # --resume continues them
+        cli._check_resume(experiment, False, "exp.yaml")  # --no-resume starts new ones
+        fresh = tune.Experiment.from_json("other", spec)
+        cli._check_resume(fresh, None, "exp.yaml")  # nothing there yet
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize(
+    "status, done, label, end",
+    [
+        ("TERMINATED", True, "done,", "done"),
+        ("TERMINATED", False, "interrupted,", "interrupted"),  # Tune's stop at Ctrl-C
+        ("PAUSED", False, "stopped (PAUSED),", "interrupted"),
+    ],
+)
+def test_a_trial_stopped_by_ctrl_c_is_reported_interrupted_not_done(
+    capsys, status, done, label, end
+):
+    result = {"training_iteration": 3, "done": done, "next_checkpoint_s": 600.0}
+    trial = SimpleNamespace(
+        status=status,
+        ERROR="ERROR",
+        TERMINATED="TERMINATED",
+        last_result=result,
+        checkpoint=None,
+    )
+    assert cli._report_trial(trial) == end
+    line = capsys.readouterr().out
+    assert label in line and "checkpoint in" not in line

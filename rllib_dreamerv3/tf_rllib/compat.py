@@ -163,7 +163,7 @@ def apply_ray_patches():
 RLLIB_NOTICE_KEYS = ("DreamerV3_on_new_api_stack", "RLModule(config=[RLModuleConfig object])")
 
 
-class _DropMessages(logging.Filter):
+class DropMessages(logging.Filter):
     """Drops the records whose message starts with one of `prefixes`."""
 
     def __init__(self, prefixes):
@@ -179,8 +179,10 @@ class _DropMessages(logging.Filter):
 # results less often when handling one took over 0.5 s (a DreamerV3 trial reports once per
 # training iteration, seconds to minutes apart); its advice to reuse actors when a trainable's
 # setup took over 10 s (building the envs and the model takes that; a built algorithm is not
-# reused); and the note, at every `ray.init` that starts a local cluster, that token
-# authentication is on (Ray's default).
+# reused); the note, at every `ray.init` that starts a local cluster, that token
+# authentication is on (Ray's default); and the warning that the experiment state was written
+# several times within seconds (`_patch_experiment_state_sync` writes it after every trial
+# checkpoint on purpose, so that a resume starts from the newest one).
 RAY_NOTICES = {
     "ray.tune.utils.util": (
         "Install gputil",
@@ -188,6 +190,9 @@ RAY_NOTICES = {
         "The `process_trial_result` operation took",
     ),
     "ray.tune.trainable.trainable": ("Trainable.setup took",),
+    "ray.tune.execution.experiment_state": (
+        "Experiment state snapshotting has been triggered multiple",
+    ),
     "ray._private.authentication.authentication_token_setup": (
         "Token authentication is enabled for this Ray cluster",
     ),
@@ -203,5 +208,5 @@ def silence_rllib_notices():
         log_once(key)
     for name, prefixes in RAY_NOTICES.items():
         named = logging.getLogger(name)
-        if not any(isinstance(f, _DropMessages) for f in named.filters):
-            named.addFilter(_DropMessages(prefixes))
+        if not any(isinstance(f, DropMessages) for f in named.filters):
+            named.addFilter(DropMessages(prefixes))

@@ -599,6 +599,12 @@ def test_silenced_notices_match_what_ray_logs():
     assert '"The `{name}` operation took {duration:.3f} s, "' in inspect.getsource(tune_util)
     assert '"Trainable.setup took {:.3f} seconds. If your "' in inspect.getsource(trainable)
     assert trainable.logger.name in RAY_NOTICES
+    from ray.tune.execution import experiment_state
+
+    assert experiment_state.logger.name in RAY_NOTICES
+    assert '"Experiment state snapshotting has been triggered multiple "' in inspect.getsource(
+        experiment_state
+    )
     for name, prefixes in RAY_NOTICES.items():
         logger = logging.getLogger(name)
         for prefix in prefixes:
