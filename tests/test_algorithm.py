@@ -1,6 +1,7 @@
 """DreamerV3 inside RLlib: build and train, remote runners/learners, checkpoints, env runner."""
 
 import os
+import time
 import weakref
 
 import gymnasium as gym
@@ -174,6 +175,29 @@ def test_results_carry_the_eta_reference_after_the_first_iteration_with_updates(
         "num_env_steps_sampled_lifetime": first["env_runners"]["num_env_steps_sampled_lifetime"],
         "num_updates_lifetime": first["num_updates_lifetime"],
     }
+
+
+def test_the_first_dream_compile_does_not_count_in_the_eta(monkeypatch):
+    algo = tiny_config(dream_every_n_updates=0).build_algo()
+    try:
+        first = algo.train()
+        algo.config._is_frozen = False  # the first dreams come in the second iteration
+        algo.config.dream_every_n_updates = first["num_updates_lifetime"] + 1
+        algo.config.freeze()
+        compute = algo._compute_dreams
+
+        def slow_first_compile():  # stands in for a compile of 1 s
+            if not algo._dreams_compiled:
+                time.sleep(1.0)
+            return compute()
+
+        monkeypatch.setattr(algo, "_compute_dreams", slow_first_compile)
+        second, third = algo.train(), algo.train()
+    finally:
+        algo.stop()
+    assert second.get("dreams") is not None
+    assert third["eta_reference"]["training_iteration"] == 1
+    assert third["eta_reference"]["time_total_s"] - first["time_total_s"] >= 1.0
 
 
 def _module_state(algo):
