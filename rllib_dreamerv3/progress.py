@@ -164,11 +164,19 @@ def log_progress(result, name="DreamerV3", stop=None):
     logger.info("%s", progress_line(name, result, stop))
 
 
+def _sampled(trial):
+    """The values Tune chose for a trial of a search, as " (training_ratio=256,lr=0.001)" (its
+    `experiment_tag` after the trial's index); "" for a trial without any."""
+    tag = str(getattr(trial, "experiment_tag", "") or "")
+    values = tag.split("_", 1)[-1]
+    return f" ({values})" if "=" in values else ""
+
+
 class ProgressLines(tune.Callback):
     """A Ray Tune callback that prints :func:`progress_line` for every result Tune receives:
     `tune.RunConfig(callbacks=[ProgressLines(stop)])`; with the run's `stop` dict, the line
     also shows the ETA. When a DreamerV3 trial starts it says what comes before the first
-    result (the warm-up and the first compile)."""
+    result (the warm-up and the first compile) and, in a search, the values of its parameters."""
 
     def __init__(self, stop=None):
         self.stop = stop if isinstance(stop, dict) else None
@@ -179,8 +187,8 @@ class ProgressLines(tune.Callback):
         config = trial.config if isinstance(trial.config, dict) else {}
         warmup = config.get("num_steps_sampled_before_learning_starts", 1024)
         print(
-            f"{trial}: started: {warmup} warm-up env steps of random actions, then XLA "
-            "compiles the update (a minute or more on a CPU) before the first result.",
+            f"{trial}{_sampled(trial)}: started: {warmup} warm-up env steps of random actions, "
+            "then XLA compiles the update (a minute or more on a CPU) before the first result.",
             flush=True,
         )
 

@@ -131,3 +131,22 @@ def test_tune_callback_says_what_comes_before_the_first_result(capsys):
         "DreamerV3_CartPole_00000: started: 600 warm-up env steps of random actions, then XLA "
         "compiles the update (a minute or more on a CPU) before the first result.\n"
     )
+
+
+def test_tune_callback_names_the_values_a_search_chose_for_a_trial(capsys):
+    class Trial:
+        trainable_name = "DreamerV3"
+        config = {}
+        experiment_tag = "1_training_ratio=512,world_model_lr=0.0010"
+
+        def __str__(self):
+            return "DreamerV3_CartPole_00001"
+
+    ProgressLines().on_trial_start(0, [], Trial())
+    Trial.experiment_tag = "0"  # no search: nothing to name
+    ProgressLines().on_trial_start(0, [], Trial())
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith(
+        "DreamerV3_CartPole_00001 (training_ratio=512,world_model_lr=0.0010): started: 1024 "
+    )
+    assert second.startswith("DreamerV3_CartPole_00001: started: 1024 ")

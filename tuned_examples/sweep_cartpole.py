@@ -5,10 +5,13 @@ Run: python tuned_examples/sweep_cartpole.py [--num-samples 2] [--max-env-steps 
 Grid over the training ratio, a random choice of world-model learning rate, `num_samples`
 trials per grid point. Two trials run at a time, one CPU each (sampling and the local Learner
 share the trial's process; TF is held to one thread). ASHA compares trials on
-`env_runners/episode_return_mean` at rungs of env steps and stops the worse half early.
+`env_runners/episode_return_mean` at rungs of env steps and stops the worse half early. It
+prints a progress line per result (a trial's first line names its parameters), not Tune's
+status tables, and at the end the best trial.
 """
 
 import argparse
+import logging
 import os
 
 from ray import tune  # noqa: E402
@@ -18,6 +21,7 @@ from rllib_dreamerv3 import DreamerV3  # noqa: E402
 from rllib_dreamerv3.progress import ProgressLines  # noqa: E402
 
 METRIC = "env_runners/episode_return_mean"
+NAME = "sweep-cartpole-dreamerv3"
 
 
 def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
@@ -54,12 +58,12 @@ def build_tuner(num_samples=2, max_env_steps=20_000, storage_path=None):
             max_concurrent_trials=2,
         ),
         run_config=tune.RunConfig(
-            name="sweep-cartpole-dreamerv3",
+            name=NAME,
             storage_path=storage_path,
             stop=stop,
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True, num_to_keep=1),
             callbacks=[ProgressLines(stop)],
-            verbose=1,
+            verbose=0,  # with RAY_AIR_NEW_OUTPUT=0 (main): no tables, banners or hints
         ),
     )
 
@@ -72,17 +76,25 @@ def main():
     args = parser.parse_args()
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    storage = os.path.abspath(args.storage_path or os.path.expanduser("~/ray_results"))
+    print(
+        f"sweep: {2 * args.num_samples} trials, two at a time; results in "
+        f"{os.path.join(storage, NAME)}",
+        flush=True,
+    )
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic output, as `rllib train`
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     results = build_tuner(
         args.num_samples,
         args.max_env_steps,
-        args.storage_path and os.path.abspath(args.storage_path),
+        storage,
     ).fit()
     best = results.get_best_result(metric=METRIC, mode="max")
     print(
         f"best: {METRIC}={best.metrics['env_runners']['episode_return_mean']:.1f} with "
         f"training_ratio={best.config['training_ratio']}, "
-        f"world_model_lr={best.config['world_model_lr']}; checkpoint {best.checkpoint}"
+        f"world_model_lr={best.config['world_model_lr']}; checkpoint "
+        f"{best.checkpoint.path if best.checkpoint else None}"
     )
 
 
