@@ -452,11 +452,15 @@ def _check_resume(experiment, resume, source):
         return
     unfinished = [f"{t.trial_id} ({t.status})" for t in trials if t.status != "TERMINATED"]
     if unfinished:
-        again = source if source.endswith((".yaml", ".yml")) else "..."
+        again = (
+            f"`rllib train file {source} --resume` (same options)"
+            if source.endswith((".yaml", ".yml"))
+            else "the same command and --resume"
+        )
         raise CliError(
             f"{name}: {path} holds trials that did not finish: {', '.join(unfinished[:5])}. "
-            f"Continue them from their latest checkpoints with `rllib train file {again} "
-            "--resume` (same options), or start new trials beside them with --no-resume."
+            f"Continue them from their latest checkpoints with {again}, or start new trials "
+            "beside them with --no-resume."
         )
 
 
