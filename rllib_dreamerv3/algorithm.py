@@ -1277,6 +1277,9 @@ class DreamerV3(Algorithm):
         state = super().get_state(components, not_components=not_components, **kwargs)
         state["dreamer_counters"] = dict(self._counters)
         state["dreamer_recent_episodes"] = list(self._recent_episodes)
+        # RLlib keeps the iteration; the training time too, so that `time_total_s` (a stop
+        # criterion, and the progress line's time) continues after `from_checkpoint`.
+        state["time_total_s"] = self._time_total
         return state
 
     def set_state(self, state):
@@ -1287,6 +1290,8 @@ class DreamerV3(Algorithm):
         super().set_state(state)
         if "dreamer_counters" in state:
             self._counters.update(state["dreamer_counters"])
+        if "time_total_s" in state:
+            self._time_total = state["time_total_s"]
         if "dreamer_recent_episodes" in state:
             self._recent_episodes.clear()
             self._recent_episodes.extend(map(tuple, state["dreamer_recent_episodes"]))

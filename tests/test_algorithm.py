@@ -234,6 +234,7 @@ def test_checkpoint_round_trip(tmp_path, store_buffer, monkeypatch):
                 np.testing.assert_array_equal(a, b)
         assert restored._counters == algo._counters
         assert restored.training_iteration == 2
+        assert restored._time_total == algo._time_total > 0  # time_total_s continues
         if store_buffer:
             assert len(restored.replay_buffer) == len(algo.replay_buffer)
             np.testing.assert_array_equal(restored.replay_buffer.sample(4)["obs"].shape, (4, 8, 4))
