@@ -8,6 +8,7 @@ without an import cycle; `rllib_dreamerv3.config` re-exports the config's names.
 
 import collections
 import difflib
+import functools
 import importlib.util
 import inspect
 import logging
@@ -615,6 +616,15 @@ def learner_batches(batch, num_learners):
     return {"batch": batches[0]} if num == 1 else {"batches": batches}
 
 
+def _sample_with_metrics(runner, num_timesteps, random_actions):
+    """An EnvRunner's samples, metrics and finished episodes (see `DreamerV3._sample`)."""
+    return (
+        runner.sample(num_timesteps=num_timesteps, random_actions=random_actions),
+        runner.get_metrics(),
+        runner.pop_finished_episodes(),
+    )
+
+
 class DreamerV3(Algorithm):
     """DreamerV3 (Hafner et al. 2023) on RLlib's new API stack, in TensorFlow 2.
 
@@ -757,14 +767,11 @@ class DreamerV3(Algorithm):
         """Sample from all EnvRunners into the replay buffer; `num_timesteps` is the total."""
         remote = self.env_runner_group.num_remote_env_runners()
         per_runner = None if num_timesteps is None else -(-num_timesteps // max(1, remote))
-
-        def sample(runner):
-            return (
-                runner.sample(num_timesteps=per_runner, random_actions=random_actions),
-                runner.get_metrics(),
-                runner.pop_finished_episodes(),
-            )
-
+        # A module-level function, which Ray pickles by reference: a function defined here would
+        # travel by value, and a remote EnvRunner keeps ~1 KB of every such function it unpickles.
+        sample = functools.partial(
+            _sample_with_metrics, num_timesteps=per_runner, random_actions=random_actions
+        )
         if remote == 0:
             results = [sample(self.env_runner)]
         else:
