@@ -202,7 +202,18 @@ def critic_nll(logits, returns, ema_value, weights, regularizer, bins):
     return tf.reduce_mean(sg(weights) * (nll + regularizer * regularizer_nll))
 
 
-def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weights, critic_loss, hp):
+def actor_loss_and_metrics(
+    model,
+    imagined,
+    reward,
+    cont,
+    value,
+    returns,
+    weights,
+    critic_loss,
+    hp,
+    percentiles=math_ops.percentiles,
+):
     """The actor loss, the new return scale and the metrics, from the imagined trajectory's
     predictions (`reward`, `cont`, `value` `[H + 1, N]`) and `returns`, `weights` `[H, N]`.
 
@@ -210,12 +221,16 @@ def actor_loss_and_metrics(model, imagined, reward, cont, value, returns, weight
     The returns are normalised by `max(1, S)`, `S` an EMA of their 5th-to-95th percentile
     range; the actor maximises the normalised advantage (REINFORCE for discrete actions,
     backpropagated through the dynamics for continuous ones) plus `entropy_scale` times its
-    entropy.
+    entropy. `percentiles`: a function like :func:`~rllib_dreamerv3.math_ops.percentiles`
+    (the fused kernels pass theirs).
     """
     actor = model.actor
     # With data-parallel Learners, the percentiles are those of all Learners' returns.
     scale = math_ops.return_scale_update(
-        model.return_scale, gather_in_group(sg(returns)), hp.return_normalization_decay
+        model.return_scale,
+        gather_in_group(sg(returns)),
+        hp.return_normalization_decay,
+        percentiles=percentiles,
     )
     # With continuous actions the advantage is differentiated through the returns and through
     # the baseline v(s_t), whose state depends on the actor's earlier actions (as in the

@@ -7,6 +7,7 @@ inside `tf.function` / XLA. Shapes are given as `[...]` for arbitrary leading di
 import math
 
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -146,72 +147,23 @@ def trajectory_weights(cont, gamma):
     return tf.stop_gradient(tf.math.cumprod(discounts, axis=0))
 
 
-def _order_statistics(flat, ranks):
-    """The `ranks`-th smallest entries (0-based Python ints) of the float32 vector `flat`.
-
-    A bitwise binary search instead of a sort: float32 values map to int32 keys that order like the
-    floats (negative floats' magnitude bits flipped), and 32 halvings of the key range, each
-    counting the keys at or below the candidates, pin down every order statistic at once.
-    """
-    bits = tf.bitcast(flat, tf.int32)
-    flip = tf.constant(0x7FFFFFFF, tf.int32)
-    keys = tf.cast(tf.where(bits < 0, tf.bitwise.bitwise_xor(bits, flip), bits), tf.int64)
-    need = tf.constant([r + 1 for r in ranks], tf.float32)  # entries at or below each rank
-    ones = tf.ones([flat.shape[0], 1], tf.float32)
-    lo = tf.fill([len(ranks)], tf.reduce_min(keys))
-    hi = tf.fill([len(ranks)], tf.reduce_max(keys))
-    for _ in range(32):  # hi - lo < 2**32 halves to 0 in 32 steps
-        mid = lo + (hi - lo) // 2
-        at_or_below = tf.cast(keys[None, :] <= mid[:, None], tf.float32) @ ones  # exact < 2**24
-        enough = at_or_below[:, 0] >= need
-        hi = tf.where(enough, mid, hi)
-        lo = tf.where(enough, lo, mid + 1)
-    found = tf.cast(lo, tf.int32)
-    return tf.bitcast(tf.where(found < 0, tf.bitwise.bitwise_xor(found, flip), found), tf.float32)
-
-
 def percentiles(x, qs):
-    """The `qs`-th percentiles (0–100) of all entries of `x`, linear interpolation like numpy.
-
-    Returns a list of scalars, one per `q` in `qs` (Python numbers). With a static size (as
-    inside the compiled update) the needed order statistics come from one bitwise search
-    (:func:`_order_statistics`, float32 up to 2**24 entries); otherwise from one sort.
-    """
+    """The `qs`-th percentiles (0–100) of all entries of `x`, `[len(qs)]`, with linear
+    interpolation between order statistics like numpy's default."""
     flat = tf.reshape(tf.convert_to_tensor(x), [-1])
-    size = flat.shape[0]
-    if size is not None and flat.dtype == tf.float32 and 0 < size < 2**24:
-        places = []
-        for q in qs:
-            pos = q / 100.0 * (size - 1)
-            lo = min(int(math.floor(pos)), size - 1)
-            frac = pos - math.floor(pos)
-            places.append((lo, min(lo + 1, size - 1) if frac else lo, frac))
-        ranks = sorted({r for lo, hi, _ in places for r in (lo, hi)})
-        values = _order_statistics(flat, ranks)
-        at = {r: values[i] for i, r in enumerate(ranks)}
-        return [
-            at[lo] * (1.0 - frac) + at[hi] * frac if frac else at[lo] for lo, hi, frac in places
-        ]
-    flat = tf.sort(flat)
-    size = tf.size(flat)
-    out = []
-    for q in qs:
-        pos = q / 100.0 * (tf.cast(size, tf.float32) - 1.0)
-        lo = tf.cast(tf.floor(pos), tf.int32)
-        hi = tf.minimum(lo + 1, size - 1)
-        frac = pos - tf.floor(pos)
-        out.append(tf.gather(flat, lo) * (1.0 - frac) + tf.gather(flat, hi) * frac)
-    return out
+    return tfp.stats.percentile(flat, list(qs), interpolation="linear")
 
 
 def percentile(x, q):
-    """The `q`-th percentile (0–100) of all entries of `x`, linear interpolation like numpy."""
+    """The `q`-th percentile (0–100) of all entries of `x` (see :func:`percentiles`)."""
     return percentiles(x, [q])[0]
 
 
-def return_scale_update(scale, returns, decay, low=5.0, high=95.0):
-    """New EMA of the return range: `decay * S + (1 - decay) * (P_high(R) - P_low(R))`."""
-    p_low, p_high = percentiles(returns, [low, high])
+def return_scale_update(scale, returns, decay, low=5.0, high=95.0, percentiles=percentiles):
+    """New EMA of the return range: `decay * S + (1 - decay) * (P_high(R) - P_low(R))`.
+
+    `percentiles`: a function like :func:`percentiles` (the fused kernels pass theirs)."""
+    p_low, p_high = tf.unstack(percentiles(returns, [low, high]))
     return decay * scale + (1.0 - decay) * (p_high - p_low)
 
 

@@ -22,7 +22,7 @@ from helpers import (
 
 from rllib_dreamerv3 import kernels, losses, math_ops, networks, random_ops, world_model
 from rllib_dreamerv3.config import HYPERPARAMETERS
-from rllib_dreamerv3.kernels import layers, loops, rssm, two_hot
+from rllib_dreamerv3.kernels import layers, loops, percentiles, rssm, two_hot
 from rllib_dreamerv3.kernels.two_hot import MASKED_LOGIT, masked_columns
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES
@@ -962,6 +962,40 @@ def test_two_hot_stats_and_loss_equal_the_plain_mean_and_log_prob(compiled):
 def test_two_hot_loss_is_cross_entropy():
     bins, logits, target, expected = two_hot_hand_case()
     np.testing.assert_allclose(two_hot.two_hot_loss(logits, target, bins), expected, rtol=1e-5)
+
+
+# --- percentiles by a bitwise search -----------------------------------------------------------
+_rng = np.random.default_rng(1)
+PERCENTILE_CASES = {
+    "normal": _rng.normal(size=(15, 37)),
+    "ties": _rng.integers(-3, 4, size=1000),
+    "signed_zeros_tiny_huge": np.array([3.0, -0.0, 0.0, -1e-30, 1e-37, 1e30, -3e38, 2, 2, 2, -5]),
+    "constant": np.full(10, 7.5),
+    "single": np.array([-1.25]),
+    "imagined_returns": _rng.normal(size=(16, 1024)) * 1e-3,
+}
+
+
+@pytest.mark.parametrize("case", sorted(PERCENTILE_CASES))
+def test_percentiles_by_bitwise_search_match_numpy_and_the_reference(case):
+    x = PERCENTILE_CASES[case].astype(np.float32)
+    qs = (0.0, 5.0, 33.3, 50.0, 95.0, 100.0)
+    expected = np.percentile(x.astype(np.float64), qs)
+    ours = percentiles.percentiles(x, qs)
+    # Order statistics are exact; interpolating between two of one sign (in every case here)
+    # rounds a few times (< 8 ulps = 1e-6 relative), on both sides.
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    np.testing.assert_allclose(ours, math_ops.percentiles(x, qs), rtol=2e-6)
+
+
+def test_percentiles_by_bitwise_search_compiled_with_xla_and_at_infinities():
+    x = np.random.default_rng(2).normal(size=(15, 1024)).astype(np.float32)
+    compiled = tf.function(lambda v: percentiles.percentiles(v, [5.0, 95.0]), jit_compile=True)
+    np.testing.assert_allclose(
+        compiled(x), np.percentile(x.astype(np.float64), [5.0, 95.0]), rtol=1e-6
+    )
+    y = np.array([1.0, np.inf, -np.inf, 0.5], np.float32)  # exact ranks: no 0 * inf = NaN
+    np.testing.assert_array_equal(percentiles.percentiles(y, [0.0, 100.0]), [-np.inf, np.inf])
 
 
 # --- the world model's recurrence by latent classes ---------------------------------------------

@@ -9,7 +9,7 @@ differs.
 import tensorflow as tf
 
 from rllib_dreamerv3 import losses, math_ops
-from rllib_dreamerv3.kernels import layers, rssm
+from rllib_dreamerv3.kernels import layers, percentiles, rssm
 from rllib_dreamerv3.kernels.loops import materialized_gradient
 from rllib_dreamerv3.kernels.two_hot import (
     masked_columns,
@@ -118,5 +118,14 @@ def actor_critic_losses(model, imagined, start_cont, hp):
         tf.size(weights), tf.float32
     )  # the mean over the H steps
     return losses.actor_loss_and_metrics(
-        model, imagined, reward, cont, value, returns, weights, critic_loss, hp
+        model,
+        imagined,
+        reward,
+        cont,
+        value,
+        returns,
+        weights,
+        critic_loss,
+        hp,
+        percentiles=percentiles.percentiles,
     )
