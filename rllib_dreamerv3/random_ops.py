@@ -96,17 +96,17 @@ def normal(shape, seed):
 
 
 def categorical(probs, seed):
-    """One index per row of `probs` `[N, C]` (rows sum to 1): `[N]` int32, by inverse CDF.
-
-    One uniform per row instead of Gumbel noise per class: the cumulative sums are one small
-    matmul with an upper-triangular ones matrix, and the index is the count of cumulative sums at
-    or below the uniform (scaled by the row's total, so rounding never leaves a row unsampled).
-    Under XLA:CPU this avoids Gumbel-max's per-class logarithms and its argmax reduction.
-    """
+    """One index per row of `probs` `[N, C]` (rows sum to 1): `[N]` int32, by inverse
+    transform sampling, one uniform per row (see :func:`inverse_cdf`)."""
     probs = tf.stop_gradient(tf.convert_to_tensor(probs, tf.float32))
-    num, num_classes = shape_of(probs)
-    upper = tf.constant(np.triu(np.ones([num_classes, num_classes], np.float32)))
-    cdf = tf.matmul(probs, upper)  # cdf[:, j] = sum(probs[:, :j + 1])
+    return inverse_cdf(tf.math.cumsum(probs, -1), seed)
+
+
+def inverse_cdf(cdf, seed):
+    """The class of each row of cumulative probabilities `cdf` `[N, C]` that a uniform `u`
+    falls in: the count of entries at or below `u * cdf[:, -1]` (scaled by the row's total, so
+    rounding never leaves a row unsampled), `[N]` int32."""
+    num, num_classes = shape_of(cdf)
     target = uniform([num, 1], seed) * cdf[:, -1:]
     count = tf.reduce_sum(tf.cast(cdf <= target, tf.int32), -1)
     return tf.minimum(count, num_classes - 1)

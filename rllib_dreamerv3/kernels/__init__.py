@@ -23,6 +23,8 @@ The techniques, each in one module:
 - :mod:`.rssm`: the world model's recurrence with the latent carried by its classes.
 - :mod:`.two_hot`: the two-hot heads' normaliser, expected value and cross-entropies in one
   pass over the logits, padded by masked columns to an aligned width.
+- :mod:`.sampling`: categorical samples with their cumulative sums as one matmul.
+- :mod:`.percentiles`: the return scale's percentiles by a bitwise search instead of a sort.
 - :mod:`.loops`: a scan whose gradient does not copy its outputs, and identities that make XLA
   compute a value (or a gradient) into a buffer of its own.
 

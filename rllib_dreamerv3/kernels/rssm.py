@@ -8,8 +8,8 @@ select (:func:`~.layers.onehot_partial`, same values and gradients). The referen
 
 import tensorflow as tf
 
-from rllib_dreamerv3 import math_ops, random_ops
-from rllib_dreamerv3.kernels import layers
+from rllib_dreamerv3 import math_ops
+from rllib_dreamerv3.kernels import layers, sampling
 from rllib_dreamerv3.kernels.loops import scan
 
 OBSERVE_BY_INDEX_MIN_FEATURES = 256
@@ -26,7 +26,7 @@ def z_index(wm, z):
 def sample_z(wm, logits, seed):
     """`(wm.sample_z(logits, seed), its classes [N, K])`."""
     probs = wm.probs(logits)
-    idx = random_ops.categorical(tf.reshape(probs, [-1, wm.size.num_classes]), seed)
+    idx = sampling.categorical(tf.reshape(probs, [-1, wm.size.num_classes]), seed)
     sample = tf.reshape(tf.one_hot(idx, wm.size.num_classes), tf.shape(probs))
     z = tf.reshape(math_ops.straight_through(sample, probs), [-1, wm.stoch_dim])
     return z, tf.reshape(idx, [-1, wm.size.num_categoricals])
@@ -101,7 +101,7 @@ def observe(wm, embed, prev_action, is_first, seeds):
         h = sequence_step(wm, h, z, action, index, weights)
         post = wm._logits(layers.mlp(wm.posterior_net, h, embed_part, weights))
         if not by_index:
-            return h, wm.sample_z(post, seed), post
+            return h, sample_z(wm, post, seed)[0], post
         z, index = sample_z(wm, post, seed)
         return h, z, post, index
 
