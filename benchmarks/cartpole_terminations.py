@@ -57,7 +57,7 @@ def dream(model, carry, steps):
     h, z, _ = carry
     lowest = 1.0
     for k in range(steps):
-        action = actor.mode(actor.dist(tf.concat([h, z], -1)))
+        action = actor.dist(tf.concat([h, z], -1)).mode()
         h, z = wm.imagine_step(h, z, action, tf.constant([0, k], tf.int32))
         feat = tf.concat([h, z], -1)
         lowest = min(lowest, float(tf.sigmoid(wm.continue_logit(feat))[0]))

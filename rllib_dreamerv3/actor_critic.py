@@ -2,16 +2,22 @@
 learning)."""
 
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 from rllib_dreamerv3 import math_ops, random_ops
 from rllib_dreamerv3.networks import MLP, two_hot_head
 
+tfd = tfp.distributions
+
 
 class Actor(tf.Module):
-    """Policy head. Discrete: one-hot categorical with unimix. Continuous: Normal with tanh mean.
+    """The policy `π(a | s)` as a tensorflow-probability distribution over actions `[N, A]`.
 
-    Discrete actions are one-hot `[N, num_actions]`; continuous actions are in `[-1, 1]`,
-    `[N, action_dim]`. The continuous std is `(max_std - min_std) * sigmoid(x + 2) + min_std`.
+    Discrete: `OneHotCategorical` with unimix, actions one-hot. Continuous: independent Normals
+    with mean `tanh(x)` and std `(max_std - min_std) * sigmoid(x + 2) + min_std`, actions
+    clipped to `[-1, 1]`. The distribution gives `log_prob`, `entropy` and `mode`; samples come
+    from :meth:`sample`, whose draws are :mod:`~rllib_dreamerv3.random_ops`' (the same for any
+    number of data-parallel Learners).
     """
 
     def __init__(
@@ -25,40 +31,28 @@ class Actor(tf.Module):
         self.mlp = MLP(feat_dim, size.dense_units, size.mlp_layers, out_units=out_units)
 
     def dist(self, feat):
-        """Distribution parameters: `probs` (discrete) or `(mean, std)` (continuous)."""
+        """The distribution `π(a | s)` on the model states `feat` `[..., D + K * C]`."""
         return self.dist_from_output(self.mlp(feat))
 
     def dist_from_output(self, out):
         """:meth:`dist` from the MLP's output `self.mlp(feat)`, computed by the caller."""
         if self.discrete:
-            return math_ops.unimix_probs(out, self.unimix)
+            probs = math_ops.unimix_probs(out, self.unimix)
+            return tfd.OneHotCategorical(probs=probs, dtype=tf.float32)
         mean, std = tf.split(out, 2, -1)
         std = (self.max_std - self.min_std) * tf.sigmoid(std + 2.0) + self.min_std
-        return tf.tanh(mean), std
+        return tfd.Independent(tfd.Normal(tf.tanh(mean), std), reinterpreted_batch_ndims=1)
 
     def sample(self, dist, seed):
-        """A differentiable sample: straight-through one-hot, or reparameterised and clipped."""
+        """A differentiable sample: straight-through one-hot, or reparameterised and clipped
+        (the clip passes the gradient through)."""
         if self.discrete:
-            idx = random_ops.categorical(dist, seed)
-            return math_ops.straight_through(tf.one_hot(idx, self.action_dim), dist)
-        mean, std = dist
+            probs = dist.probs_parameter()
+            idx = random_ops.categorical(probs, seed)
+            return math_ops.straight_through(tf.one_hot(idx, self.action_dim), probs)
+        mean, std = dist.mean(), dist.stddev()
         action = mean + std * random_ops.normal(random_ops.shape_of(mean), seed)
         return action + tf.stop_gradient(tf.clip_by_value(action, -1.0, 1.0) - action)
-
-    def mode(self, dist):
-        if self.discrete:
-            return tf.one_hot(tf.argmax(dist, -1), self.action_dim)
-        return dist[0]
-
-    def log_prob(self, dist, action):
-        if self.discrete:
-            return tf.reduce_sum(action * tf.math.log(dist), -1)
-        return math_ops.normal_log_prob(action, *dist)
-
-    def entropy(self, dist):
-        if self.discrete:
-            return math_ops.categorical_entropy(dist)
-        return math_ops.normal_entropy(dist[1])
 
 
 class Critic(tf.Module):

@@ -116,14 +116,14 @@ class Imagination(NamedTuple):
 
     `h` `[H + 1, N, D]` and `z` `[H + 1, N, K * C]` (one-hot) are the model states, `actions`
     `[H, N, A]` the actions taken from the first `H` states and `dist` the actor's distribution
-    parameters there (`[H, N, A]` each). `z_index` `[H + 1, N, K]`: the latents' classes, where
+    there (batch shape `[H, N]`). `z_index` `[H + 1, N, K]`: the latents' classes, where
     the imagination kept them (the fused kernels do), else None.
     """
 
     h: tf.Tensor
     z: tf.Tensor
     actions: tf.Tensor
-    dist: tuple
+    dist: object
     z_index: tf.Tensor = None
 
     @property
@@ -141,19 +141,19 @@ def imagine(model, h, z, horizon, seeds):
     backpropagate into the actor through the dynamics.
     """
     wm, actor = model.world_model, model.actor
-    hs, zs, actions, dists = [h], [z], [], []
+    hs, zs, actions, outs = [h], [z], [], []
     for t in range(horizon):
-        dist = actor.dist(sg(tf.concat([h, z], -1)))
-        action = actor.sample(dist, seeds[2 * t])
+        out = actor.mlp(sg(tf.concat([h, z], -1)))
+        action = actor.sample(actor.dist_from_output(out), seeds[2 * t])
         if actor.discrete:
             action = sg(action)
         h, z = wm.imagine_step(h, z, action, seeds[2 * t + 1])
         hs.append(h)
         zs.append(z)
         actions.append(action)
-        dists.append(dist)
-    dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
-    return Imagination(tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dists)
+        outs.append(out)
+    dist = actor.dist_from_output(tf.stack(outs, 0))  # all steps' distributions at once
+    return Imagination(tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dist)
 
 
 # --- actor and critic ---------------------------------------------------------------------------
@@ -237,8 +237,8 @@ def actor_loss_and_metrics(
     # author's `-(R - v(s)) / S`); the actor loss updates only the actor's variables.
     adv = math_ops.normalized_advantage(returns, value[:-1], scale)
     dist, actions = imagined.dist, imagined.actions  # the actor's on sg(s_t)
-    entropy = actor.entropy(dist)
-    objective = sg(adv) * actor.log_prob(dist, actions) if actor.discrete else adv
+    entropy = dist.entropy()
+    objective = sg(adv) * dist.log_prob(actions) if actor.discrete else adv
     actor_loss = tf.reduce_mean(weights * (-objective - hp.entropy_scale * entropy))
     metrics = {
         "L_actor": actor_loss,

@@ -4,12 +4,8 @@ All functions take and return `tf.Tensor`s (numpy arrays are accepted too) and a
 inside `tf.function` / XLA. Shapes are given as `[...]` for arbitrary leading dimensions.
 """
 
-import math
-
 import tensorflow as tf
 import tensorflow_probability as tfp
-
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 def symlog(x):
@@ -103,17 +99,6 @@ def categorical_kl(p, q):
 def free_bits(kl, free_nats=1.0):
     """`max(free_nats, kl)`: no gradient pressure once the KL is below `free_nats`."""
     return tf.maximum(kl, free_nats)
-
-
-def normal_log_prob(x, mean, std):
-    """Log density of a diagonal Normal, summed over the last (action) axis."""
-    z = (x - mean) / std
-    return tf.reduce_sum(-0.5 * tf.square(z) - tf.math.log(std) - 0.5 * _LOG_2PI, -1)
-
-
-def normal_entropy(std):
-    """Entropy of a diagonal Normal, summed over the last (action) axis."""
-    return tf.reduce_sum(0.5 + 0.5 * _LOG_2PI + tf.math.log(std), -1)
 
 
 def lambda_returns(reward, cont, value, gamma, lam):

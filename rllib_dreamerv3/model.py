@@ -93,7 +93,7 @@ class DreamerV3Model(tf.Module):
         )
         dist = self.actor.dist(tf.concat([h, z], -1))
         seed = random_ops.fold_in(seed, 1)
-        action = self.actor.sample(dist, seed) if explore else self.actor.mode(dist)
+        action = self.actor.sample(dist, seed) if explore else dist.mode()
         if self.discrete:  # exact one-hot: the straight-through sum is off by float rounding
             action = tf.one_hot(tf.argmax(action, -1), self.action_dim)
         action = tf.stop_gradient(action)

@@ -270,12 +270,3 @@ def test_return_normalization():
     # Small return ranges are not scaled up: divide by max(1, S).
     np.testing.assert_allclose(math_ops.normalized_advantage(3.0, 1.0, 0.25), 2.0)
     np.testing.assert_allclose(math_ops.normalized_advantage(3.0, 1.0, 4.0), 0.5)
-
-
-def test_normal_log_prob_and_entropy():
-    x, mean, std = tf.constant([[0.5]]), tf.constant([[0.0]]), tf.constant([[2.0]])
-    expected = -0.5 * (0.25**2) - math.log(2.0) - 0.5 * math.log(2 * math.pi)
-    np.testing.assert_allclose(math_ops.normal_log_prob(x, mean, std), [expected], rtol=1e-6)
-    np.testing.assert_allclose(
-        math_ops.normal_entropy(std), [0.5 + 0.5 * math.log(2 * math.pi) + math.log(2.0)], rtol=1e-6
-    )

@@ -2,6 +2,7 @@
 initial values, learning signal, compilation. (The fast path against this one:
 tests/test_kernels.py.)"""
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,6 +11,7 @@ import tensorflow as tf
 from helpers import normal, reference_critic_loss
 
 from rllib_dreamerv3 import losses, random_ops
+from rllib_dreamerv3.actor_critic import Actor
 from rllib_dreamerv3.config import HYPERPARAMETERS
 from rllib_dreamerv3.model import DreamerV3Model
 from rllib_dreamerv3.model_sizes import MODEL_SIZES, get_model_size
@@ -153,11 +155,33 @@ def test_reward_and_critic_start_at_zero():
 def test_continuous_actor_bounds_and_std():
     model = DreamerV3Model(3, 2, False, get_model_size("nano"))
     feat = normal([100, model.world_model.feat_dim], seed=0, scale=10.0)
-    mean, std = model.actor.dist(feat)
+    dist = model.actor.dist(feat)
+    mean, std = dist.mean(), dist.stddev()
     assert np.all(np.abs(mean) <= 1.0)
     assert np.all((std >= 0.1) & (std <= 1.0))
-    action = model.actor.sample((mean, std), tf.constant([0, 1]))
+    action = model.actor.sample(dist, tf.constant([0, 1]))
     assert np.all(np.abs(action) <= 1.0)
+
+
+def test_actor_distributions_against_hand_computed_values():
+    size = get_model_size("nano")
+    # Continuous: tanh(0) = 0 mean, std (1 - 0.1) * sigmoid(-2 + 2) + 0.1 = 0.55 per dimension.
+    actor = Actor(4, 2, False, size)
+    dist = actor.dist_from_output(tf.constant([[0.0, 0.0, -2.0, -2.0]]))
+    per_dim = -0.5 * (0.5 / 0.55) ** 2 - math.log(0.55) - 0.5 * math.log(2 * math.pi)
+    np.testing.assert_allclose(dist.log_prob([[0.5, -0.5]]), [2 * per_dim], rtol=1e-6)
+    entropy = 0.5 + 0.5 * math.log(2 * math.pi) + math.log(0.55)
+    np.testing.assert_allclose(dist.entropy(), [2 * entropy], rtol=1e-6)
+    np.testing.assert_allclose(dist.mode(), [[0.0, 0.0]])
+    # Discrete: softmax [1/4, 3/4] mixed with 1% uniform: [0.2525, 0.7475].
+    actor = Actor(4, 2, True, size)
+    dist = actor.dist_from_output(tf.constant([[0.0, math.log(3.0)]]))
+    probs = np.array([0.2525, 0.7475])
+    np.testing.assert_allclose(dist.log_prob([[0.0, 1.0]]), [math.log(0.7475)], rtol=1e-6)
+    np.testing.assert_allclose(dist.entropy(), [-np.sum(probs * np.log(probs))], rtol=1e-6)
+    np.testing.assert_array_equal(dist.mode(), [[0.0, 1.0]])
+    action = actor.sample(dist, tf.constant([0, 1]))  # one-hot, with the probs' gradient
+    np.testing.assert_allclose(tf.reduce_sum(action, -1), [1.0], rtol=1e-6)
 
 
 def test_reset_on_is_first_restores_initial_state():
@@ -252,9 +276,9 @@ def test_the_actor_acts_on_imagined_states_without_their_gradient():
     z = wm.sample_z(normal([4, *wm.stoch_shape], seed=9), tf.constant([1, 2]))
     with tf.GradientTape(persistent=True) as tape:
         imagined = losses.imagine(model, h, z, 3, random_ops.split(tf.constant([3, 4]), 6))
-        mean_at_2 = imagined.dist[0][2]
+        mean_at_2 = imagined.dist.mean()[2]
         feat_2 = tf.stop_gradient(tf.concat([imagined.h[2], imagined.z[2]], -1))
-        direct = actor.dist(feat_2)[0]
+        direct = actor.dist(feat_2).mean()
         state_2 = tf.reduce_sum(tf.sin(imagined.h[2]))
     # The same layers on the same values (batched differently): a few roundings of outputs
     # ≲ 1 apart.

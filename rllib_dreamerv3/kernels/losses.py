@@ -47,11 +47,11 @@ def world_model_loss(model, batch, seeds, hp):
 def imagine(model, h, z, horizon, seeds):
     """:func:`rllib_dreamerv3.losses.imagine`, keeping the latents' classes (`z_index`)."""
     wm, actor = model.world_model, model.actor
-    hs, zs, indices, actions, dists = [h], [z], [rssm.z_index(wm, z)], [], []
+    hs, zs, indices, actions, outs = [h], [z], [rssm.z_index(wm, z)], [], []
     for t in range(horizon):
         # No `z` given: the latent enters as classes, without gradient, as `sg(s)` would.
-        dist = actor.dist_from_output(rssm.head(wm, actor.mlp, sg(h), indices[-1]))
-        action = actor.sample(dist, seeds[2 * t])
+        out = rssm.head(wm, actor.mlp, sg(h), indices[-1])
+        action = actor.sample(actor.dist_from_output(out), seeds[2 * t])
         if actor.discrete:
             action = sg(action)
         h, z, index = rssm.imagine_step(wm, h, z, indices[-1], action, seeds[2 * t + 1])
@@ -61,10 +61,10 @@ def imagine(model, h, z, horizon, seeds):
         zs.append(z)
         indices.append(index)
         actions.append(action)
-        dists.append(dist)
-    dists = tf.nest.map_structure(lambda *xs: tf.stack(xs, 0), *dists)
+        outs.append(out)
+    dist = actor.dist_from_output(tf.stack(outs, 0))
     return Imagination(
-        tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dists, tf.stack(indices, 0)
+        tf.stack(hs, 0), tf.stack(zs, 0), tf.stack(actions, 0), dist, tf.stack(indices, 0)
     )
 
 
