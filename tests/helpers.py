@@ -91,3 +91,16 @@ def tiny_config(env="CartPole-v1", **training):
         .reporting(min_sample_timesteps_per_iteration=16)
         .debugging(seed=0)
     )
+
+
+# Percentile inputs shared by the reference (tfp) and the fast path's bitwise search: ties,
+# signed zeros, extreme magnitudes, a single entry, and returns of the scale DreamerV3 sees.
+_rng = np.random.default_rng(1)
+PERCENTILE_CASES = {
+    "normal": _rng.normal(size=(15, 37)),
+    "ties": _rng.integers(-3, 4, size=1000),
+    "signed_zeros_tiny_huge": np.array([3.0, -0.0, 0.0, -1e-30, 1e-37, 1e30, -3e38, 2, 2, 2, -5]),
+    "constant": np.full(10, 7.5),
+    "single": np.array([-1.25]),
+    "imagined_returns": _rng.normal(size=(16, 1024)) * 1e-3,
+}

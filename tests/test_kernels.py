@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import (
+    PERCENTILE_CASES,
     float64_softmax,
     layer_norm_case,
     normal,
@@ -965,17 +966,6 @@ def test_two_hot_loss_is_cross_entropy():
 
 
 # --- percentiles by a bitwise search -----------------------------------------------------------
-_rng = np.random.default_rng(1)
-PERCENTILE_CASES = {
-    "normal": _rng.normal(size=(15, 37)),
-    "ties": _rng.integers(-3, 4, size=1000),
-    "signed_zeros_tiny_huge": np.array([3.0, -0.0, 0.0, -1e-30, 1e-37, 1e30, -3e38, 2, 2, 2, -5]),
-    "constant": np.full(10, 7.5),
-    "single": np.array([-1.25]),
-    "imagined_returns": _rng.normal(size=(16, 1024)) * 1e-3,
-}
-
-
 @pytest.mark.parametrize("case", sorted(PERCENTILE_CASES))
 def test_percentiles_by_bitwise_search_match_numpy_and_the_reference(case):
     x = PERCENTILE_CASES[case].astype(np.float32)

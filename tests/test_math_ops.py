@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import float64_softmax, normal, two_hot_hand_case
+from helpers import PERCENTILE_CASES, float64_softmax, normal, two_hot_hand_case
 
 from rllib_dreamerv3 import math_ops
 
@@ -221,17 +221,6 @@ def test_trajectory_weights():
     np.testing.assert_allclose(
         math_ops.trajectory_weights(cont, g), [[1.0, 0.0], [g, 0.0], [0.0, 0.0]], rtol=1e-6
     )
-
-
-_rng = np.random.default_rng(1)
-PERCENTILE_CASES = {
-    "normal": _rng.normal(size=(15, 37)),
-    "ties": _rng.integers(-3, 4, size=1000),
-    "signed_zeros_tiny_huge": np.array([3.0, -0.0, 0.0, -1e-30, 1e-37, 1e30, -3e38, 2, 2, 2, -5]),
-    "constant": np.full(10, 7.5),
-    "single": np.array([-1.25]),
-    "imagined_returns": _rng.normal(size=(16, 1024)) * 1e-3,
-}
 
 
 @pytest.mark.parametrize("case", sorted(PERCENTILE_CASES))
