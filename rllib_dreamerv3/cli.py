@@ -23,7 +23,7 @@ import ray
 import yaml
 from ray import tune
 
-from rllib_dreamerv3.algorithm import DreamerV3
+from rllib_dreamerv3.algorithm import NEXT_CHECKPOINT_S, DreamerV3
 from rllib_dreamerv3.config import DreamerV3Config
 from rllib_dreamerv3.evaluate import (  # noqa: F401 - load_checkpoint_config, as cli's before
     MODULE_STATE_DIR,
@@ -35,7 +35,7 @@ from rllib_dreamerv3.evaluate import (  # noqa: F401 - load_checkpoint_config, a
 )
 from rllib_dreamerv3.progress import PROGRESS_LOSSES, ProgressLines, format_duration, progress_line
 from rllib_dreamerv3.stopping import StopCriteria, StopCriteriaError, closest
-from rllib_dreamerv3.tf_rllib.compat import DropMessages
+from rllib_dreamerv3.tf_rllib.compat import drop_messages
 
 ALIAS = "rllib-dreamerv3"
 ALGORITHMS = {"DreamerV3": DreamerV3}
@@ -374,9 +374,7 @@ def run_experiments(experiments, source, args):
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     # At Ctrl-C Tune advises `tune.run_experiments(..., resume=True)`; the CLI's own line gives
     # the command that resumes (`--resume`).
-    tune_run_logger = logging.getLogger("ray.tune.tune")
-    if not any(isinstance(f, DropMessages) for f in tune_run_logger.filters):
-        tune_run_logger.addFilter(DropMessages(TUNE_INTERRUPT_NOTICES))
+    drop_messages("ray.tune.tune", TUNE_INTERRUPT_NOTICES)
     verbose = getattr(args, "verbose", 0)
     ray.init(
         num_cpus=getattr(args, "num_cpus", None),
@@ -509,9 +507,11 @@ def _report_trial(trial):
     # Tune marks a trial that met its stop criteria `done` in its last result; a trial it
     # stopped at Ctrl-C ends TERMINATED too, without that mark.
     ended = trial.status == trial.TERMINATED and trial.last_result.get("done", False)
-    label = "done," if ended else "interrupted," if trial.status == trial.TERMINATED else ""
-    label = label or f"stopped ({trial.status}),"
-    last = {k: v for k, v in trial.last_result.items() if k != "next_checkpoint_s"}
+    if trial.status != trial.TERMINATED:
+        label = f"stopped ({trial.status}),"
+    else:
+        label = "done," if ended else "interrupted,"
+    last = {k: v for k, v in trial.last_result.items() if k != NEXT_CHECKPOINT_S}
     print(f"{trial}: {progress_line(label, last)}", flush=True)
     if trial.checkpoint is not None:
         path = trial.checkpoint.path

@@ -163,7 +163,7 @@ def apply_ray_patches():
 RLLIB_NOTICE_KEYS = ("DreamerV3_on_new_api_stack", "RLModule(config=[RLModuleConfig object])")
 
 
-class DropMessages(logging.Filter):
+class _DropMessages(logging.Filter):
     """Drops the records whose message starts with one of `prefixes`."""
 
     def __init__(self, prefixes):
@@ -207,6 +207,12 @@ def silence_rllib_notices():
     for key in RLLIB_NOTICE_KEYS:
         log_once(key)
     for name, prefixes in RAY_NOTICES.items():
-        named = logging.getLogger(name)
-        if not any(isinstance(f, DropMessages) for f in named.filters):
-            named.addFilter(DropMessages(prefixes))
+        drop_messages(name, prefixes)
+
+
+def drop_messages(logger_name, prefixes):
+    """Drop the records of the logger `logger_name` whose message starts with one of
+    `prefixes`. Idempotent: a logger gets one such filter."""
+    named = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropMessages) for f in named.filters):
+        named.addFilter(_DropMessages(prefixes))
